@@ -1,0 +1,1 @@
+"""Check modules, one per area. Each registers its checks with ``@check``."""

@@ -1,0 +1,72 @@
+"""The check registry and the outcomes a check body raises.
+
+A check is a function ``body(ctx)`` registered with ``@check(...)``. It raises ``Fail`` or
+``Skip`` (plain exceptions, so check logic is testable without pytest) and records values
+through ``ctx.measure``. The collector turns each registered check into a pytest item.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+# Cheap before expensive (DESIGN.md "Order and dependencies").
+STAGES = {
+    "repro.environment": 0, "stack": 10, "checkpoint": 20, "data": 30, "model.step": 40,
+    "data.loader": 45, "model.overfit": 50, "lifecycle": 60, "levers": 70, "sustained": 75,
+    "headroom": 80, "repro": 90, "privacy": 95,
+}
+
+
+class Fail(Exception):
+    """The check looked and found a problem; the message says what to change."""
+
+
+class Skip(Exception):
+    """The check cannot look here; the message says what it needs."""
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    id: str
+    body: Callable[..., None]
+    stage: int
+    doc: str
+    accelerator: bool = False
+    nightly: bool = False
+    requires: tuple[str, ...] = ()
+    # recipe -> reason the check does not apply to it (the item is then skipped with it)
+    applies: Optional[Callable[..., Optional[str]]] = None
+
+    @property
+    def area(self) -> str:
+        return self.id.split(".", 1)[0]
+
+
+REGISTRY: dict[str, CheckSpec] = {}
+
+
+def check(id: str, *, stage: int, accelerator: bool = False, nightly: bool = False,
+          requires: tuple[str, ...] = (), applies: Callable | None = None) -> Callable:
+    """Register ``body(ctx)`` as the check ``id`` ("area.name")."""
+
+    def register(body: Callable[..., None]) -> Callable[..., None]:
+        if id in REGISTRY:
+            raise ValueError(f"check {id} registered twice")
+        doc = (body.__doc__ or "").strip().splitlines()[0] if body.__doc__ else id
+        REGISTRY[id] = CheckSpec(id=id, body=body, stage=stage, doc=doc, accelerator=accelerator,
+                                 nightly=nightly, requires=tuple(requires), applies=applies)
+        return body
+
+    return register
+
+
+def all_checks() -> list[CheckSpec]:
+    """Every check, in run order (stage, then id). Imports the check modules once."""
+    from . import repro  # noqa: F401
+
+    return sorted(REGISTRY.values(), key=lambda spec: (spec.stage, spec.id))
+
+
+def areas() -> list[str]:
+    return sorted({spec.area for spec in all_checks()})

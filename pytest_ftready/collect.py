@@ -1,0 +1,96 @@
+"""Collection: a recipe file becomes one pytest item per check."""
+
+from __future__ import annotations
+
+import pytest
+
+from .checks.base import CheckSpec, Fail, Skip, all_checks
+from .recipe import RecipeError, _did_you_mean, load_recipe
+
+RUN_KEY = pytest.StashKey["RunState"]()
+
+
+def _check_function(request) -> None:
+    request.node.run_check(request)
+
+
+class RecipeFile(pytest.File):
+    """A recipe.toml named by --ftready or the ftready ini key."""
+
+    def collect(self):
+        try:
+            recipe = load_recipe(self.path)
+        except RecipeError as exc:
+            raise self.CollectError(str(exc)) from None
+        specs = all_checks()
+        known = {spec.id for spec in specs}
+        for check_id in recipe.checks.skip:
+            if check_id not in known:
+                raise self.CollectError(str(RecipeError(self.path, f"[checks] skip {check_id!r}",
+                                                        "unknown check" + _did_you_mean(check_id, sorted(known)))))
+        run = self.config.stash[RUN_KEY]
+        prefix = f"{recipe.name}/" if len(run.recipe_paths) > 1 else ""
+        for spec in specs:
+            item = CheckItem.from_parent(self, name=prefix + spec.id, callobj=_check_function,
+                                         spec=spec, recipe=recipe)
+            item.add_marker("ftready")
+            item.add_marker(f"ftready_{spec.area}")
+            if spec.accelerator:
+                item.add_marker("accelerator")
+            if spec.nightly:
+                item.add_marker("nightly")
+            reason = recipe.checks.skip.get(spec.id) or (spec.applies(recipe) if spec.applies else None)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+            yield item
+
+
+class CheckItem(pytest.Function):
+    def __init__(self, *, spec: CheckSpec, recipe, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.spec = spec
+        self.recipe = recipe
+
+    @property
+    def state(self):
+        return self.config.stash[RUN_KEY].recipe_state(self.recipe)
+
+    def reportinfo(self):
+        return self.path, 0, f"{self.recipe.name}: {self.spec.id}"
+
+    def runtest(self) -> None:
+        outcome = "failed"
+        try:
+            super().runtest()
+            outcome = "passed"
+        except pytest.skip.Exception:
+            outcome = "skipped"
+            raise
+        finally:
+            self.state.outcomes[self.spec.id] = outcome
+
+    def run_check(self, request) -> None:
+        from .context import CheckContext
+        from .devices import no_accelerator_reason
+
+        state = self.state
+        failed = state.failed_prerequisite(self.spec.requires)
+        if failed:
+            pytest.skip(f"{failed} failed; fix correctness before measuring this")
+        device = state.device
+        if self.spec.accelerator and not device.is_accelerator and not state.run.cpu_short:
+            extra = " (or --ftready-cpu-short to try it on the CPU)" if self.spec.nightly else ""
+            pytest.skip(f"needs a CUDA/ROCm GPU or an Apple GPU: {no_accelerator_reason(state.machine)}{extra}")
+        bench = None
+        if self.config.pluginmanager.hasplugin("benchmark"):
+            bench = lambda: request.getfixturevalue("benchmark")  # noqa: E731 - lazily, only when timing
+        ctx = CheckContext(state, self.spec, self.user_properties, bench,
+                           request.getfixturevalue("record_testsuite_property"))
+        try:
+            self.spec.body(ctx)
+        except Fail as exc:
+            pytest.fail(str(exc), pytrace=False)
+        except Skip as exc:
+            pytest.skip(str(exc))
+        finally:
+            ctx.finish()

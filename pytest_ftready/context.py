@@ -1,0 +1,79 @@
+"""What a check body gets: the recipe state, and one way to record measurements that fans
+out to JUnit properties, pytest-benchmark, the terminal summary and the artifacts."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional
+
+from .checks.base import CheckSpec, Fail
+from .session import RecipeState
+
+
+class CheckContext:
+    def __init__(self, state: RecipeState, spec: CheckSpec, user_properties: Optional[list] = None,
+                 benchmark: Optional[Callable[[], Any]] = None,
+                 suite_property: Optional[Callable[[str, Any], None]] = None) -> None:
+        self.state = state
+        self.spec = spec
+        self.user_properties = user_properties if user_properties is not None else []
+        self._benchmark_factory = benchmark
+        self._suite_property = suite_property
+        self._bench = None
+        self.measured: list = []
+
+    @property
+    def recipe(self):
+        return self.state.recipe
+
+    @property
+    def machine(self):
+        return self.state.machine
+
+    @property
+    def device(self):
+        return self.state.device
+
+    def torch_device(self) -> str:
+        """The torch device string; fails the check if the recipe's device is not here."""
+        if self.device.missing:
+            raise Fail(self.device.missing)
+        return self.device.torch_device
+
+    def measure(self, name: str, value: Any, unit: str = "", estimate: bool = False) -> Any:
+        """Record ``value`` (with its unit) to every output channel; returns ``value``."""
+        m = self.state.record(self.spec.id, name, value, unit, estimate)
+        self.user_properties.append((m.key, value))
+        self.measured.append(m)
+        return value
+
+    def series(self, name: str, values: list) -> None:
+        """A time series (loss curve, tokens/s per window) for the artifacts."""
+        self.state.add_series(self.spec.id, name, values)
+
+    def suite_property(self, name: str, value: Any) -> None:
+        if self._suite_property is not None:
+            self._suite_property(name, value)
+
+    def benchmark(self, fn: Callable[[], Any], rounds: Optional[int] = None, warmup_rounds: int = 0,
+                  group: Optional[str] = None) -> Any:
+        """Time ``fn`` with pytest-benchmark (pedantic) when it is active; returns fn's result."""
+        rounds = rounds or self.recipe.checks.benchmark_rounds
+        bench = self._benchmark_factory() if self._benchmark_factory else None
+        if bench is None:
+            for _ in range(warmup_rounds):
+                fn()
+            start = time.perf_counter()
+            result = None
+            for _ in range(rounds):
+                result = fn()
+            self.measure("wall_time_per_round", (time.perf_counter() - start) / rounds, "s")
+            return result
+        self._bench = bench
+        if group:
+            bench.group = group
+        return bench.pedantic(fn, rounds=rounds, iterations=1, warmup_rounds=warmup_rounds)
+
+    def finish(self) -> None:
+        if self._bench is not None:
+            self._bench.extra_info.update({m.key: m.value for m in self.measured})

@@ -1,0 +1,76 @@
+"""Loading what a recipe names: tokenizer, model, trainable model. Imports transformers
+and peft lazily: nothing here runs at plugin import."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .recipe import Recipe
+
+
+def model_source(recipe: Recipe) -> tuple[str, dict[str, Any]]:
+    m = recipe.model
+    if m.path:
+        return str(m.path), {}
+    return m.id, {"revision": m.revision}
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+def load_tokenizer(recipe: Recipe):
+    from transformers import AutoTokenizer
+
+    source, kwargs = model_source(recipe)
+    tok = AutoTokenizer.from_pretrained(source, trust_remote_code=recipe.model.trust_remote_code, **kwargs)
+    if recipe.data.chat_template:
+        tok.chat_template = Path(recipe.data.chat_template).read_text(encoding="utf-8")
+    if tok.pad_token_id is None and tok.eos_token_id is not None:
+        tok.pad_token = tok.eos_token  # padding is masked out of loss and attention
+    return tok
+
+
+def quantization_config(recipe: Recipe):
+    q = recipe.model.quantization
+    if q == "none":
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if q == "4bit":
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                  bnb_4bit_compute_dtype=torch_dtype(recipe.model.dtype))
+    return BitsAndBytesConfig(load_in_8bit=True)
+
+
+def load_model(recipe: Recipe, torch_device: str, **overrides: Any):
+    """The base causal LM in the recipe's dtype and attention kernel, on ``torch_device``."""
+    from transformers import AutoModelForCausalLM
+
+    source, kwargs = model_source(recipe)
+    qconfig = quantization_config(recipe)
+    options = dict(dtype=torch_dtype(recipe.model.dtype), attn_implementation=recipe.model.attn_implementation,
+                   trust_remote_code=recipe.model.trust_remote_code, **kwargs)
+    if qconfig is not None:
+        options.update(quantization_config=qconfig, device_map={"": torch_device})
+    options.update(overrides)
+    model = AutoModelForCausalLM.from_pretrained(source, **options)
+    if qconfig is None:
+        model.to(torch_device)
+    model.config.use_cache = False
+    return model
+
+
+def model_config(recipe: Recipe) -> dict[str, Any]:
+    """config.json as a dict (local folder, or the hub cache when offline)."""
+    import json
+
+    if recipe.model.path:
+        return json.loads((Path(recipe.model.path) / "config.json").read_text(encoding="utf-8"))
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(recipe.model.id, revision=recipe.model.revision,
+                                      trust_remote_code=recipe.model.trust_remote_code).to_dict()

@@ -1,0 +1,80 @@
+"""Command-line options and ini keys, their parsers, and one resolver
+(command line > environment > ini > default) that remembers where each value came from."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+HELP_RECIPE = "run the readiness checks of this fine-tuning recipe (TOML); repeatable"
+HELP_ARTIFACTS = "folder for ftready artifacts (environment.json, measurements, reports); default .ftready"
+HELP_NIGHTLY = "also run the long checks marked nightly (sustained throughput, lever sweeps)"
+HELP_CPU_SHORT = "run sustained.* and levers.sweep on a machine without an accelerator, in a short mode"
+HELP_TIMEOUT = "seconds a hub request may take before a check gives up (default 10)"
+
+ENV_RECIPE = "FTREADY_RECIPE"
+ENV_ARTIFACTS = "FTREADY_ARTIFACTS"
+
+
+@dataclass(frozen=True)
+class Setting:
+    value: Any
+    source: str  # "--ftready", "env FTREADY_RECIPE", "ini ftready", "default"
+
+    def __str__(self) -> str:
+        return f"{self.value} (from {self.source})"
+
+
+def addoptions(parser) -> None:
+    group = parser.getgroup("ftready", "fine-tuning readiness checks (pytest-ftready)")
+    group.addoption("--ftready", action="append", default=[], metavar="RECIPE", dest="ftready", help=HELP_RECIPE)
+    group.addoption("--ftready-artifacts", default=None, metavar="DIR", dest="ftready_artifacts", help=HELP_ARTIFACTS)
+    group.addoption("--ftready-nightly", action="store_true", default=False, dest="ftready_nightly", help=HELP_NIGHTLY)
+    group.addoption("--ftready-cpu-short", action="store_true", default=False, dest="ftready_cpu_short",
+                    help=HELP_CPU_SHORT)
+    group.addoption("--ftready-hub-timeout", default=None, type=parse_seconds, metavar="SECONDS",
+                    dest="ftready_hub_timeout", help=HELP_TIMEOUT)
+    parser.addini("ftready", type="args", default=[], help=HELP_RECIPE)
+    parser.addini("ftready_artifacts", default="", help=HELP_ARTIFACTS)
+
+
+def parse_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected a number of seconds, got {text!r}") from None
+    if value <= 0:
+        raise ValueError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def resolve(cli: Any, env_name: str | None, ini: Any, default: Any, *, flag: str, ini_name: str,
+            parse: Callable[[Any], Any] = lambda v: v) -> Setting:
+    if cli not in (None, [], ""):
+        return Setting(parse(cli), flag)
+    if env_name and os.environ.get(env_name):
+        return Setting(parse(os.environ[env_name]), f"env {env_name}")
+    if ini not in (None, [], ""):
+        return Setting(parse(ini), f"ini {ini_name}")
+    return Setting(default, "default")
+
+
+def recipe_paths(config, early: bool = False) -> Setting:
+    """The recipes to run, relative paths against the invocation folder (ini: against rootdir).
+    ``early``: before option parsing, from ``config.known_args_namespace``."""
+    cli = getattr(config.known_args_namespace, "ftready", []) if early else config.getoption("ftready")
+    ini = config.getini("ftready")
+    invocation = Path(config.invocation_params.dir)
+    setting = resolve(cli, ENV_RECIPE, ini, [], flag="--ftready", ini_name="ftready",
+                      parse=lambda v: v.split(os.pathsep) if isinstance(v, str) else list(v))
+    base = config.rootpath if setting.source.startswith("ini") else invocation
+    return Setting([(base / p).resolve() for p in setting.value], setting.source)
+
+
+def artifacts_root(config) -> Setting:
+    setting = resolve(config.getoption("ftready_artifacts"), ENV_ARTIFACTS, config.getini("ftready_artifacts"),
+                      ".ftready", flag="--ftready-artifacts", ini_name="ftready_artifacts")
+    base = Path(config.invocation_params.dir) if setting.source != "ini ftready_artifacts" else config.rootpath
+    return Setting((base / setting.value).resolve(), setting.source)

@@ -1,0 +1,386 @@
+"""Recipe files: TOML -> a frozen, validated ``Recipe``.
+
+The schema is data (``SCHEMA`` below): every table and key with its kind, default and
+meaning. Validation errors name the file, the table and key, what was expected, what was
+found and what to write instead. This module imports neither pytest nor torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyrsistent import PRecord, freeze, pmap, pvector
+from pyrsistent import field as pfield
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+REQUIRED = object()
+HEX40 = re.compile(r"^[0-9a-f]{40}$")
+
+
+class RecipeError(Exception):
+    """A recipe that cannot be used; ``str()`` is one line that says how to fix it."""
+
+    def __init__(self, path: Path | str, where: str, message: str) -> None:
+        self.path = Path(path)
+        self.where = where
+        self.message = message
+        location = f"{self.path} {where}".rstrip()
+        super().__init__(f"Invalid recipe {location}: {message}")
+
+
+@dataclass(frozen=True)
+class Key:
+    """One recipe key: its kind decides parsing; the rest is documentation and limits."""
+
+    kind: str  # str | bool | int | float | share | path | paths | strs | choice | table | skip
+    default: Any = REQUIRED
+    doc: str = ""
+    choices: tuple[str, ...] = ()
+    positive: bool = False  # int/float: > 0 (else >= 0)
+    must_exist: bool = False  # path/paths: resolved against the recipe folder and checked
+
+
+def _k(kind: str, default: Any = REQUIRED, doc: str = "", **kw: Any) -> Key:
+    return Key(kind=kind, default=default, doc=doc, **kw)
+
+
+DTYPES = ("float32", "float16", "bfloat16")
+ATTN = ("eager", "sdpa", "flash_attention_2", "flash_attention_3")
+
+SCHEMA: dict[str, dict[str, Key]] = {
+    "model": {
+        "id": _k("str", "", "hub id, e.g. meta-llama/Llama-3.1-8B-Instruct (exactly one of id/path)"),
+        "path": _k("path", "", "local model folder (exactly one of id/path)", must_exist=True),
+        "revision": _k("str", "", "hub commit (40 hex); required with id"),
+        "dtype": _k("choice", "bfloat16", "training dtype", choices=DTYPES),
+        "attn_implementation": _k("choice", "sdpa", "attention kernel", choices=ATTN),
+        "quantization": _k("choice", "none", "bitsandbytes base quantization", choices=("none", "4bit", "8bit")),
+        "trust_remote_code": _k("bool", False, "never true unless written here"),
+        "license": _k("str", "", "overrides the license the model card declares"),
+    },
+    "data": {
+        "train": _k("paths", REQUIRED, "local jsonl/json/parquet/csv files", must_exist=True),
+        "format": _k("choice", "messages", "row format", choices=("messages", "prompt_completion", "text")),
+        "train_on": _k(
+            "choice", "assistant", "which tokens carry loss",
+            choices=("assistant", "last_assistant", "completion", "all"),
+        ),
+        "max_length": _k("int", 2048, "tokens per example after truncation", positive=True),
+        "packing": _k("bool", False, "pack several examples into one sequence"),
+        "manifest": _k("path", "", "data manifest checked by repro.manifest"),
+        "rights": _k("str", "", "why we may train on this data (privacy.license)"),
+        "sample": _k("int", 16, "examples shown example by example", positive=True),
+        "chat_template": _k("path", "", "a .jinja file overriding the tokenizer's template", must_exist=True),
+        "add_special_tokens": _k("bool", False, "the trainer tokenizes rendered text adding BOS/EOS"),
+        "stop_tokens": _k("strs", [], "extra end-of-turn tokens besides EOS"),
+    },
+    "adapter": {
+        "method": _k("choice", "lora", "none = full fine-tune", choices=("none", "lora")),
+        "r": _k("int", 16, "LoRA rank", positive=True),
+        "alpha": _k("float", 32.0, "LoRA alpha", positive=True),
+        "dropout": _k("share", 0.05, "LoRA dropout"),
+        "target_modules": _k("strs", ["q_proj", "v_proj"], "modules that get adapters"),
+    },
+    "training": {
+        "micro_batch_size": _k("int", 1, "examples per forward pass", positive=True),
+        "gradient_accumulation_steps": _k("int", 1, "micro-batches per optimizer step", positive=True),
+        "learning_rate": _k("float", 2e-4, "peak learning rate"),
+        "optimizer": _k("choice", "adamw", "optimizer", choices=("adamw", "adamw_8bit", "sgd", "adafactor")),
+        "lr_scheduler": _k("choice", "linear", "schedule after warm-up", choices=("linear", "cosine", "constant")),
+        "warmup_steps": _k("int", 0, "linear warm-up steps"),
+        "weight_decay": _k("float", 0.0, "AdamW weight decay"),
+        "gradient_checkpointing": _k("bool", False, "activation checkpointing"),
+        "epochs": _k("float", 1.0, "passes over the data", positive=True),
+        "seed": _k("int", 42, "seed for torch, python, numpy and data order"),
+        "output_dir": _k("path", "runs", "where the run writes checkpoints and logs"),
+        "save_steps": _k("int", 500, "optimizer steps between checkpoints", positive=True),
+        "save_total_limit": _k("int", 3, "checkpoints kept", positive=True),
+        "compile": _k("bool", False, "torch.compile the model (needs triton on GPUs)"),
+    },
+    "hardware": {
+        "device": _k("choice", "auto", "where to train", choices=("auto", "cuda", "rocm", "mps", "cpu", "mlx")),
+        "memory_headroom": _k("share", 0.10, "share of device memory to keep free"),
+    },
+    "budget": {
+        "max_hours": _k("float", 12.0, "wall-clock budget of the run", positive=True),
+        "disk_headroom": _k("share", 0.20, "share of free disk to keep"),
+        "time_headroom": _k("share", 0.25, "margin for retries, on top of the ETA"),
+        "eval_share": _k("share", 0.05, "share of training time spent evaluating"),
+        "log_bytes": _k("int", 50_000_000, "bytes of logs the run writes"),
+        "eval_bytes": _k("int", 50_000_000, "bytes of evaluation outputs the run writes"),
+    },
+    "checks": {
+        "overfit_examples": _k("int", 8, "rows in the overfit sample", positive=True),
+        "overfit_steps": _k("int", 200, "optimizer steps allowed to overfit", positive=True),
+        "overfit_loss": _k("float", 0.1, "loss the overfit must reach", positive=True),
+        "resume_steps": _k("int", 4, "steps of the resume check (even, >= 2)", positive=True),
+        "sustained_seconds": _k("float", 300.0, "length of the sustained window", positive=True),
+        "warmup_seconds": _k("float", 30.0, "warm-up before measuring", positive=False),
+        "window_seconds": _k("float", 30.0, "length of one throughput window", positive=True),
+        "max_throughput_drop": _k("share", 0.10, "allowed drop, best early window to last"),
+        "max_temperature_c": _k("float", 87.0, "hottest allowed GPU temperature", positive=True),
+        "max_truncated_share": _k("share", 0.05, "rows whose response truncation may cut"),
+        "benchmark_rounds": _k("int", 3, "rounds of timed benchmarks", positive=True),
+        "max_new_tokens": _k("int", 32, "tokens generated by lifecycle.generate", positive=True),
+        "skip": _k("skip", {}, "check ids to leave out, each with a reason"),
+    },
+    "pins": {
+        "lockfile": _k("path", "", "pip freeze / requirements / uv.lock / poetry.lock", must_exist=True),
+        "packages": _k("table", {}, "package = version pins"),
+    },
+    "privacy": {
+        "licenses": _k("strs", [], "model licenses this team accepts"),
+        "scan": _k("strs", ["secrets", "pii"], "what to scan for"),
+        "scan_paths": _k("paths", [], "artifacts to scan besides the training data"),
+        "backups": _k("table", {}, "{ path = ..., encrypted = true }"),
+        "retention_days": _k("int", 0, "days artifacts are kept (0 = not declared)"),
+        "allowlist": _k("path", "", "accepted findings, by fingerprint"),
+    },
+    "export": {
+        "format": _k("choice", "none", "export after training", choices=("none", "safetensors", "gguf")),
+    },
+}
+TOP_KEYS = {"name": _k("str", "", "recipe name; default: the file stem")}
+SCAN_KINDS = ("secrets", "pii")
+
+
+def _record_class(table: str, keys: dict[str, Key]) -> type:
+    fields = {name: pfield() for name in keys}
+    return type(f"{table.capitalize()}Table", (PRecord,), fields)
+
+
+TABLE_CLASSES = {table: _record_class(table, keys) for table, keys in SCHEMA.items()}
+
+
+class Recipe(PRecord):
+    """The frozen recipe: ``recipe.data.max_length``, ``recipe.model.path`` ..."""
+
+    name = pfield(type=str)
+    source = pfield()  # Path of the TOML file
+    folder = pfield()  # Path the relative paths were resolved against
+    model = pfield()
+    data = pfield()
+    adapter = pfield()
+    training = pfield()
+    hardware = pfield()
+    budget = pfield()
+    checks = pfield()
+    pins = pfield()
+    privacy = pfield()
+    export = pfield()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain, JSON-ready form (paths as strings) for artifacts."""
+        out: dict[str, Any] = {"name": self.name, "source": str(self.source)}
+        for table in SCHEMA:
+            out[table] = {k: _plain(v) for k, v in getattr(self, table).items()}
+        return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "items"):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "PVector":
+        return [_plain(v) for v in value]
+    return value
+
+
+def _describe(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _did_you_mean(word: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else f"; valid keys: {', '.join(sorted(options))}"
+
+
+class _Parser:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.folder = path.parent
+
+    def fail(self, where: str, message: str) -> RecipeError:
+        return RecipeError(self.path, where, message)
+
+    def value(self, table: str, name: str, key: Key, raw: Any) -> Any:
+        where = f"[{table}] {name}"
+        kind = key.kind
+        if kind == "str":
+            if not isinstance(raw, str):
+                raise self.fail(where, f"expected a string, got {_describe(raw)}")
+            return raw
+        if kind == "bool":
+            if not isinstance(raw, bool):
+                raise self.fail(where, f"expected true or false, got {_describe(raw)}")
+            return raw
+        if kind == "int":
+            if isinstance(raw, bool) or not isinstance(raw, int):
+                raise self.fail(where, f"expected {'a positive' if key.positive else 'a non-negative'} integer, got {_describe(raw)}")
+            if raw < (1 if key.positive else 0):
+                raise self.fail(where, f"expected {'a positive' if key.positive else 'a non-negative'} integer, got {raw}")
+            return raw
+        if kind in ("float", "share"):
+            if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+                raise self.fail(where, f"expected a number, got {_describe(raw)}")
+            raw = float(raw)
+            if kind == "share" and not 0.0 <= raw < 1.0:
+                raise self.fail(where, f"expected a share between 0 and 1 (e.g. 0.1 for 10%), got {raw}")
+            if key.positive and raw <= 0:
+                raise self.fail(where, f"expected a positive number, got {raw}")
+            if raw < 0:
+                raise self.fail(where, f"expected a non-negative number, got {raw}")
+            return raw
+        if kind == "choice":
+            if raw not in key.choices:
+                hint = difflib.get_close_matches(str(raw), key.choices, n=1, cutoff=0.5)
+                extra = f"; did you mean {hint[0]!r}?" if hint else ""
+                raise self.fail(where, f"expected one of {', '.join(key.choices)}, got {_describe(raw)}{extra}")
+            return raw
+        if kind == "strs":
+            if not isinstance(raw, list) or not all(isinstance(v, str) for v in raw):
+                raise self.fail(where, f"expected a list of strings like [\"a\", \"b\"], got {_describe(raw)}")
+            return pvector(raw)
+        if kind == "path":
+            if not isinstance(raw, str):
+                raise self.fail(where, f"expected a path string, got {_describe(raw)}")
+            return self.path_value(where, raw, key)
+        if kind == "paths":
+            items = [raw] if isinstance(raw, str) else raw
+            if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
+                raise self.fail(where, f"expected a list of path strings, got {_describe(raw)}")
+            if key.default is REQUIRED and not items:
+                raise self.fail(where, "expected at least one file, got an empty list")
+            return pvector(self.path_value(where, v, key) for v in items)
+        if kind == "table":
+            if not isinstance(raw, dict):
+                raise self.fail(where, f"expected a table like {{ key = \"value\" }}, got {_describe(raw)}")
+            return freeze(raw)
+        if kind == "skip":
+            return self.skip_value(where, raw)
+        raise AssertionError(f"unknown key kind {kind}")  # a schema bug, not user input
+
+    def path_value(self, where: str, raw: str, key: Key) -> Path | str:
+        if raw == "":
+            return ""
+        resolved = (self.folder / Path(raw).expanduser()).resolve()
+        if key.must_exist and not resolved.exists():
+            raise self.fail(where, f"{raw!r} does not exist (looked for {resolved}); fix the path, relative to the recipe's folder")
+        return resolved
+
+    def skip_value(self, where: str, raw: Any) -> Any:
+        if isinstance(raw, list) and all(isinstance(v, str) for v in raw):
+            return pmap({v: "left out by the recipe's [checks] skip" for v in raw})
+        if isinstance(raw, dict) and all(isinstance(v, str) and v for v in raw.values()):
+            return pmap(raw)
+        raise self.fail(where, 'expected check ids with reasons, e.g. skip = { "sustained.thermal" = "no NVML here" }, '
+                        f"or a list of ids; got {_describe(raw)}")
+
+    def table(self, table: str, raw: Any) -> PRecord:
+        keys = SCHEMA[table]
+        if not isinstance(raw, dict):
+            raise self.fail(f"[{table}]", f"expected a table, got {_describe(raw)}")
+        for name in raw:
+            if name not in keys:
+                raise self.fail(f"[{table}] {name}", "unknown key" + _did_you_mean(name, list(keys)))
+        values = {}
+        for name, key in keys.items():
+            if name in raw:
+                values[name] = self.value(table, name, key, raw[name])
+            elif key.default is REQUIRED:
+                raise self.fail(f"[{table}] {name}", f"missing; expected {key.doc}")
+            elif key.kind == "path" and key.default:
+                values[name] = self.path_value(f"[{table}] {name}", key.default, Key(kind="path"))
+            else:
+                values[name] = freeze(key.default)
+        return TABLE_CLASSES[table](**values)
+
+
+def parse_recipe(text: str, path: Path | str) -> Recipe:
+    """Validate TOML text as the recipe at ``path`` (used for messages and relative paths)."""
+    path = Path(path).resolve()
+    parser = _Parser(path)
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise parser.fail("", f"not valid TOML: {exc}") from None
+    for name in raw:
+        if name not in SCHEMA and name not in TOP_KEYS:
+            what = f"[{name}]" if isinstance(raw[name], dict) else name
+            raise parser.fail(what, "unknown table or key" + _did_you_mean(name, [*SCHEMA, *TOP_KEYS]))
+    if "data" not in raw:
+        raise parser.fail("[data]", "missing; a recipe needs at least [data] train = [\"path/to/train.jsonl\"]")
+    name = raw.get("name", path.stem)
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise parser.fail("name", f"expected letters, digits, '.', '_' or '-', got {_describe(name)}")
+    tables = {table: parser.table(table, raw.get(table, {})) for table in SCHEMA}
+    _cross_checks(parser, tables)
+    return Recipe(name=name, source=path, folder=path.parent, **tables)
+
+
+def load_recipe(path: Path | str) -> Recipe:
+    """Read and validate the recipe file at ``path``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecipeError(path, "", "file not found; pass --ftready=PATH to an existing recipe.toml") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError(path, "", f"cannot be read: {exc}") from None
+    return parse_recipe(text, path)
+
+
+def _cross_checks(parser: _Parser, t: dict[str, PRecord]) -> None:
+    model, data, adapter, training, privacy = t["model"], t["data"], t["adapter"], t["training"], t["privacy"]
+    if bool(model.id) == bool(model.path):
+        raise parser.fail("[model]", "expected exactly one of id (a hub id) or path (a local folder), "
+                          f"got {'both' if model.id else 'neither'}")
+    if model.id and not model.revision:
+        raise parser.fail("[model] revision", f"missing; a hub id needs the commit to train on: look it up with "
+                          f"`huggingface-cli repo info {model.id}` (sha) and write revision = \"<40-hex sha>\"")
+    if model.path and not Path(model.path).is_dir():
+        raise parser.fail("[model] path", f"{model.path} is not a folder; point it at the folder holding config.json")
+    if data.format == "messages" and data.train_on == "completion":
+        raise parser.fail("[data] train_on", "'completion' goes with format = \"prompt_completion\"; "
+                          "for messages use \"assistant\" or \"last_assistant\"")
+    if data.format != "messages" and data.train_on in ("assistant", "last_assistant"):
+        want = "completion" if data.format == "prompt_completion" else "all"
+        raise parser.fail("[data] train_on", f"{data.train_on!r} needs format = \"messages\"; "
+                          f"for {data.format} write train_on = \"{want}\"")
+    if data.format == "text" and data.train_on != "all":
+        raise parser.fail("[data] train_on", "format = \"text\" trains on every token: write train_on = \"all\"")
+    if adapter.method == "none" and model.quantization != "none":
+        raise parser.fail("[model] quantization", "a quantized base cannot be fully fine-tuned; "
+                          "use [adapter] method = \"lora\" (QLoRA) or quantization = \"none\"")
+    if adapter.method == "lora" and not adapter.target_modules:
+        raise parser.fail("[adapter] target_modules", "expected at least one module name, e.g. [\"q_proj\", \"v_proj\"]")
+    if training.learning_rate < 0:
+        raise parser.fail("[training] learning_rate", f"expected a non-negative number, got {training.learning_rate}")
+    bad = [s for s in privacy.scan if s not in SCAN_KINDS]
+    if bad:
+        raise parser.fail("[privacy] scan", f"unknown scan {bad[0]!r}; expected some of {', '.join(SCAN_KINDS)}")
+    backups = privacy.backups
+    if backups:
+        unknown = [k for k in backups if k not in ("path", "encrypted")]
+        if unknown:
+            raise parser.fail("[privacy] backups", f"unknown key {unknown[0]!r}; expected path and encrypted")
+        if not isinstance(backups.get("encrypted"), bool) or not isinstance(backups.get("path"), str):
+            raise parser.fail("[privacy] backups", "expected { path = \"backups/\", encrypted = true }")
+    pins = t["pins"].packages
+    bad_pins = [k for k, v in pins.items() if not isinstance(v, str)]
+    if bad_pins:
+        raise parser.fail(f"[pins] packages.{bad_pins[0]}", f"expected a version string like \"2.5.1\", got {_describe(pins[bad_pins[0]])}")
+
+
+def is_commit_hash(revision: str) -> bool:
+    return bool(HEX40.match(revision))

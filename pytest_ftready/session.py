@@ -1,0 +1,124 @@
+"""Run state, kept in ``config.stash``: the machine (probed once), one ``RecipeState`` per
+recipe with its tokenizer, rows, encoded data and model built lazily and once, the outcome
+of every check, and every measurement."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from .devices import Device, resolve_device
+from .probes import Machine
+from .recipe import Recipe
+from .report import Measurement
+
+
+@dataclass
+class RunState:
+    artifacts_root: Path
+    machine_factory: Callable[[], Machine]
+    recipe_paths: list[Path] = field(default_factory=list)
+    cpu_short: bool = False
+    hub_timeout_s: float = 10.0
+    recipes: dict[Path, "RecipeState"] = field(default_factory=dict)
+    measurements: list[Measurement] = field(default_factory=list)
+
+    @cached_property
+    def machine(self) -> Machine:
+        return self.machine_factory()
+
+    def recipe_state(self, recipe: Recipe) -> "RecipeState":
+        state = self.recipes.get(recipe.source)
+        if state is None:
+            state = self.recipes[recipe.source] = RecipeState(recipe=recipe, run=self)
+        return state
+
+
+@dataclass
+class RecipeState:
+    recipe: Recipe
+    run: RunState
+    outcomes: dict[str, str] = field(default_factory=dict)  # check id -> passed | failed | skipped
+    results: dict[str, Any] = field(default_factory=dict)  # what one check hands to later ones
+    series: dict[str, dict[str, list]] = field(default_factory=dict)  # check -> name -> values
+
+    @property
+    def artifacts(self) -> Path:
+        return self.run.artifacts_root / self.recipe.name
+
+    @property
+    def machine(self) -> Machine:
+        return self.run.machine
+
+    @cached_property
+    def device(self) -> Device:
+        return resolve_device(self.machine, self.recipe.hardware.device)
+
+    @cached_property
+    def tokenizer(self):
+        from .loading import load_tokenizer
+
+        return load_tokenizer(self.recipe)
+
+    @cached_property
+    def rows(self):
+        """(rows, problems) of every training file."""
+        from .rows import read_rows
+
+        return read_rows(self.recipe.data.train)
+
+    @cached_property
+    def encoder(self):
+        from .encoding import Encoder, stop_token_ids
+
+        folder = Path(self.recipe.model.path) if self.recipe.model.path else None
+        stops = stop_token_ids(self.tokenizer, folder, self.recipe.data.stop_tokens)
+        return Encoder(self.tokenizer, self.recipe.data, stops)
+
+    @cached_property
+    def encoded(self):
+        """Every well-formed row, encoded: a list of ``Encoded``."""
+        from .rows import row_problems
+
+        rows, _ = self.rows
+        fmt, train_on = self.recipe.data.format, self.recipe.data.train_on
+        return [self.encoder.encode(row) for row in rows if not row_problems(row, fmt, train_on)]
+
+    @property
+    def trainable_examples(self):
+        """Encoded rows that train: no problem that would corrupt the loss."""
+        from .checks.data import BLOCKING
+
+        return [e for e in self.encoded if e.trained and not any(k in BLOCKING for k, _ in e.problems)]
+
+    @cached_property
+    def dataset(self):
+        """The encoded data as a ``datasets.Dataset`` (input_ids, attention_mask, labels)."""
+        import datasets
+
+        return datasets.Dataset.from_list([
+            {"input_ids": list(e.input_ids), "attention_mask": [1] * e.length, "labels": list(e.labels),
+             "source": e.row.where} for e in self.trainable_examples])
+
+    @cached_property
+    def model(self):
+        """The base model, loaded once per recipe per session."""
+        from .loading import load_model
+
+        return load_model(self.recipe, self.device.torch_device)
+
+    def record(self, check: str, name: str, value: Any, unit: str, estimate: bool = False) -> Measurement:
+        m = Measurement(recipe=self.recipe.name, check=check, name=name, value=value, unit=unit, estimate=estimate)
+        self.run.measurements.append(m)
+        return m
+
+    def add_series(self, check: str, name: str, values: list) -> None:
+        self.series.setdefault(check, {})[name] = list(values)
+
+    def failed_prerequisite(self, requires: tuple[str, ...]) -> Optional[str]:
+        for check_id in requires:
+            if self.outcomes.get(check_id) == "failed":
+                return check_id
+        return None

@@ -1,0 +1,67 @@
+"""Shared test assets: a real tiny model and data, built offline once per session."""
+
+from __future__ import annotations
+
+import os
+
+# Before anything imports transformers / huggingface_hub (ENVIRONMENT.md).
+for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_PROGRESS_BARS",
+              "HF_DATASETS_DISABLE_PROGRESS_BARS"):
+    os.environ.setdefault(_name, "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "tiny"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread():
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """The example's model (ChatML template with generation markers), built once."""
+    from pytest_ftready.tiny import build_model, build_tokenizer
+
+    return build_model(build_tokenizer(), tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture
+def tiny_example(tmp_path, tiny_model_dir) -> Path:
+    """A private copy of examples/tiny (recipe + data) with the session's model."""
+    from pytest_ftready.tiny import example_rows, write_jsonl
+
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    shutil.copy(EXAMPLE / "recipe.toml", folder / "recipe.toml")
+    write_jsonl(folder / "data" / "train.jsonl", example_rows())
+    (folder / "model").symlink_to(tiny_model_dir)
+    return folder
+
+
+@pytest.fixture
+def edit_recipe():
+    """``edit_recipe(path, key='value', ...)``: replace whole ``key = ...`` lines of a recipe."""
+    return _edit_recipe
+
+
+def _edit_recipe(path: Path, **replacements: str) -> Path:
+    """Replace whole lines ``key = ...`` in a recipe (first match of each key)."""
+    lines = path.read_text().splitlines()
+    for key, value in replacements.items():
+        for i, line in enumerate(lines):
+            if line.split("=")[0].strip() == key:
+                lines[i] = f"{key} = {value}"
+                break
+        else:
+            raise KeyError(key)
+    path.write_text("\n".join(lines) + "\n")
+    return path
