@@ -56,23 +56,29 @@ class CheckContext:
             self._suite_property(name, value)
 
     def benchmark(self, fn: Callable[[], Any], rounds: Optional[int] = None, warmup_rounds: int = 0,
-                  group: Optional[str] = None) -> Any:
-        """Time ``fn`` with pytest-benchmark (pedantic) when it is active; returns fn's result."""
+                  group: Optional[str] = None) -> list[float]:
+        """Time ``fn`` (pytest-benchmark pedantic mode when the plugin is active, so its JSON
+        tracks it); returns the seconds of each timed round."""
         rounds = rounds or self.recipe.checks.benchmark_rounds
+        seconds: list[float] = []
+
+        def timed() -> None:
+            start = time.perf_counter()
+            fn()
+            seconds.append(time.perf_counter() - start)
+
         bench = self._benchmark_factory() if self._benchmark_factory else None
-        if bench is None:
+        if bench is None or getattr(bench, "disabled", False):
             for _ in range(warmup_rounds):
                 fn()
-            start = time.perf_counter()
-            result = None
             for _ in range(rounds):
-                result = fn()
-            self.measure("wall_time_per_round", (time.perf_counter() - start) / rounds, "s")
-            return result
+                timed()
+            return seconds
         self._bench = bench
         if group:
             bench.group = group
-        return bench.pedantic(fn, rounds=rounds, iterations=1, warmup_rounds=warmup_rounds)
+        bench.pedantic(timed, rounds=rounds, iterations=1, warmup_rounds=warmup_rounds)
+        return seconds[warmup_rounds:] if len(seconds) > rounds else seconds
 
     def finish(self) -> None:
         if self._bench is not None:

@@ -1,0 +1,35 @@
+"""Work that must run in a fresh process: ``python -m pytest_ftready.worker resume RECIPE
+CHECKPOINT STEPS TOTAL DEVICE THREADS`` prints one JSON line with the resumed losses."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main(argv: list[str]) -> int:
+    command, recipe_path, folder, steps, total, device, threads = argv
+    if command != "resume":
+        print(json.dumps({"error": f"unknown command {command}"}))
+        return 2
+    import torch
+
+    from .loading import load_model, load_tokenizer
+    from .recipe import load_recipe
+    from .training import MissingState, resume_and_train
+
+    torch.set_num_threads(int(threads))
+    recipe = load_recipe(recipe_path)
+    tokenizer = load_tokenizer(recipe)
+    try:
+        losses = resume_and_train(recipe, load_model(recipe, device), folder, int(steps), device,
+                                  tokenizer.pad_token_id, int(total))
+    except MissingState as exc:
+        print(json.dumps({"missing": str(exc)}))
+        return 0
+    print(json.dumps({"losses": losses}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
