@@ -244,9 +244,10 @@ def save_checkpoint(folder: Path, model, optimizer, scheduler, order: DataOrder,
     """Weights or adapter, optimizer, scheduler, every RNG, data order, step, and the examples."""
     import torch
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    model.save_pretrained(folder / "weights")
+    from .report import ensure_private_dir
+
+    folder = ensure_private_dir(Path(folder))
+    model.save_pretrained(ensure_private_dir(folder / "weights"))
     torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "rng": rng_state(), "data_order": order.state_dict()}, folder / STATE_FILE)
     (folder / EXAMPLES_FILE).write_text(json.dumps([[list(e.input_ids), list(e.labels)] for e in examples]))

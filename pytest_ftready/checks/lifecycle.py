@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..report import ensure_private_dir
 from ..training import MissingState
 from .base import STAGES, Fail, check
 
@@ -94,11 +95,12 @@ def resume(ctx) -> None:
 
 def merge_and_save(peft_model, folder: Path) -> None:
     """The merged artifact: adapter folded into the base weights."""
-    peft_model.merge_and_unload().save_pretrained(folder)
+    peft_model.merge_and_unload().save_pretrained(ensure_private_dir(folder))
 
 
-def verify_generation(state, device: str, merge=merge_and_save) -> dict[str, list[int]]:
+def verify_generation(state, device: str, merge=None) -> dict[str, list[int]]:
     """Greedy outputs of the adapter loaded on a fresh base and of the merged model."""
+    merge = merge or merge_and_save
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..levers import Breakdown, advice_text, breakdown, levers_for
-from ..report import human_bytes
+from ..report import ensure_private_dir, human_bytes
 from .base import STAGES, Fail, check
 
 
@@ -172,7 +172,7 @@ def overfit(state, device: str, save_to) -> OverfitResult:
                        f"{recipe.training.learning_rate}): the optimizer does not update the model")
         prompt = state.encoder.prompt_ids(examples[0].row)
         answer = greedy(model, prompt, checks.max_new_tokens, state.encoder.stop_ids, pad, device)
-        model.save_pretrained(save_to)
+        model.save_pretrained(ensure_private_dir(save_to))
     return OverfitResult(losses, losses[-1] <= checks.overfit_loss, save_to, prompt, answer, examples[0].row.where)
 
 

@@ -1,0 +1,163 @@
+"""Model and lifecycle checks, in-process on the real tiny model, with the sabotages users
+really commit: learning rate 0, labels all -100, resume bugs, an unmerged save, a device
+that is too small."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from pytest_ftready.checks.base import REGISTRY, Fail, all_checks
+from pytest_ftready.context import CheckContext
+from pytest_ftready.encoding import IGNORE_INDEX
+from pytest_ftready.probes import read_machine
+from pytest_ftready.recipe import load_recipe
+from pytest_ftready.session import RecipeState, RunState
+
+MiB = 1024 ** 2
+
+
+@pytest.fixture(scope="session")
+def real_machine():
+    return read_machine()
+
+
+@pytest.fixture
+def make_state(tiny_example, tmp_path, real_machine, edit_recipe):
+    def make(machine=None, **edits) -> RecipeState:
+        path = tiny_example / "recipe.toml"
+        if edits:
+            edit_recipe(path, **edits)
+        run = RunState(artifacts_root=tmp_path / "arts", machine_factory=lambda: machine or real_machine)
+        return run.recipe_state(load_recipe(path))
+    all_checks()
+    return make
+
+
+def run_check(state, check_id) -> CheckContext:
+    ctx = CheckContext(state, REGISTRY[check_id])
+    REGISTRY[check_id].body(ctx)
+    return ctx
+
+
+def test_step_memory_records_peaks_and_hands_the_step_on(make_state):
+    state = make_state()
+    ctx = run_check(state, "model.step_memory")
+    names = {m.name: m for m in ctx.measured}
+    assert names["peak_tensor_bytes"].value > names["weights"].value > 0
+    assert names["peak_host_step"].unit == "bytes" and names["optimizer_state"].value > 0
+    assert names["activations_and_workspace"].estimate
+    step = state.results["step"]
+    assert step.tokens_per_step == 4 * 128 and step.tokens_per_s > 0
+
+
+def test_step_that_exceeds_the_device_fails_with_lever_advice(make_state, real_machine):
+    small = dataclasses.replace(real_machine, host=dataclasses.replace(real_machine.host, memory_total_bytes=4 * MiB))
+    state = make_state(machine=small)
+    with pytest.raises(Fail) as info:
+        run_check(state, "model.step_memory")
+    message = str(info.value)
+    assert "the worst-case step needs" in message and "less the 10% memory_headroom" in message
+    assert "activation checkpointing: [training] gradient_checkpointing = true" in message
+    assert "micro_batch_size = 2, gradient_accumulation_steps = 4" in message
+    assert "8-bit optimizer" in message and "(estimate)" in message
+
+
+def test_overfit_passes_and_generate_reloads_the_same_model(make_state):
+    state = make_state()
+    ctx = run_check(state, "model.overfit")
+    losses = state.series["model.overfit"]["loss"]
+    assert losses[-1] <= 0.1 < losses[0]
+    run_check(state, "lifecycle.generate")
+    assert state.results["overfit"].greedy_ids[-1] in state.encoder.stop_ids
+
+
+def test_learning_rate_zero_fails_overfit(make_state):
+    state = make_state(learning_rate="0.0")
+    with pytest.raises(Fail, match="no trainable parameter changed in 200 steps .learning_rate = 0.0."):
+        run_check(state, "model.overfit")
+
+
+def test_labels_all_ignored_fail_overfit_with_a_non_finite_loss(make_state, monkeypatch):
+    state = make_state()
+    blind = [dataclasses.replace(e, labels=(IGNORE_INDEX,) * e.length) for e in state.trainable_examples]
+    monkeypatch.setattr(RecipeState, "trainable_examples", property(lambda self: blind))
+    with pytest.raises(Fail, match="loss is nan at step 1: no supervised tokens"):
+        run_check(state, "model.overfit")
+
+
+def test_merged_model_saved_without_the_adapter_fails_generate(make_state, monkeypatch):
+    from pytest_ftready.checks import lifecycle
+
+    state = make_state()
+    run_check(state, "model.overfit")
+    monkeypatch.setattr(lifecycle, "merge_and_save", lambda peft_model, folder: peft_model.unload().save_pretrained(folder))
+    with pytest.raises(Fail, match=r"the reloaded merged generates .* \(was the adapter merged before saving\?\)"):
+        run_check(state, "lifecycle.generate")
+
+
+@pytest.fixture
+def resumable(make_state, tmp_path):
+    """A recipe with dropout (so the RNG matters), its straight losses and a half-way checkpoint."""
+    from pytest_ftready.checks.lifecycle import straight_and_half
+
+    state = make_state(dropout="0.1")
+    folder = tmp_path / "ckpt"
+    straight = straight_and_half(state, "cpu", folder, 4)
+    return state, folder, straight
+
+
+def resume(state, folder, **sabotage):
+    from pytest_ftready.training import resume_and_train
+
+    return resume_and_train(state.recipe, state.model, folder, 2, "cpu", state.tokenizer.pad_token_id, 4, **sabotage)
+
+
+def test_resume_is_exact_in_process_and_in_a_fresh_process(resumable):
+    from pytest_ftready.checks.lifecycle import compare_losses, resume_in_fresh_process
+
+    state, folder, straight = resumable
+    assert resume(state, folder) == straight[2:]
+    assert compare_losses(straight[2:], resume_in_fresh_process(state.recipe, folder, 2, 4, "cpu"), exact=True) == ""
+
+
+@pytest.mark.parametrize("sabotage", [{"restore_rng": False}, {"scheduler_first": False}], ids=["rng", "scheduler-order"])
+def test_resume_bugs_change_the_loss_and_are_named(resumable, sabotage):
+    from pytest_ftready.checks.lifecycle import compare_losses
+
+    state, folder, straight = resumable
+    difference = compare_losses(straight[2:], resume(state, folder, **sabotage), exact=True)
+    assert "after the resume" in difference and "scheduler is built before the optimizer state" in difference
+
+
+def test_checkpoint_missing_a_piece_of_state_is_named(resumable):
+    import torch
+
+    from pytest_ftready.training import STATE_FILE, MissingState, load_state
+
+    _, folder, _ = resumable
+    saved = torch.load(folder / STATE_FILE, weights_only=True)
+    del saved["rng"]["numpy"]
+    torch.save(saved, folder / STATE_FILE)
+    with pytest.raises(MissingState, match="rng.numpy"):
+        load_state(folder)
+
+
+def test_packing_that_leaks_across_examples_fails(make_state, monkeypatch):
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def leaky(module, query, key, value, attention_mask, **kwargs):
+        kwargs.pop("is_causal", None)
+        return sdpa_attention_forward(module, query, key, value, None, is_causal=True, **kwargs)
+
+    AttentionInterface.register("leaky_causal", leaky)
+    state = make_state(packing="true")
+    state.model.set_attn_implementation("leaky_causal")
+    with pytest.raises(Fail, match="lets packed examples attend across their boundaries"):
+        run_check(state, "data.packing")
+    state.model.set_attn_implementation("eager")
+    ctx = run_check(state, "data.packing")
+    assert {m.name: m.value for m in ctx.measured}["packing_max_loss_difference"] < 1e-4
