@@ -42,6 +42,9 @@ def suite_properties(machine: Machine) -> dict[str, str]:
     for gpu in machine.gpus:
         props[f"ftready.gpu{gpu.index}"] = (f"{gpu.name}; {gpu.arch}; "
                                              f"{gpu.memory_total_bytes} bytes")
+    for name, k in machine.kernels:
+        if k.version:
+            props[f"ftready.kernel.{name}"] = k.version + (f" (import fails: {k.import_error})" if k.import_error else "")
     for name, version in machine.packages:
         if version:
             props[f"ftready.pkg.{name}"] = version

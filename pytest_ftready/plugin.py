@@ -97,6 +97,14 @@ def pytest_collection_modifyitems(config, items) -> None:
         items[:] = keep
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.skipped and hasattr(item, "spec") and isinstance(report.longrepr, tuple):
+        report.longrepr = (str(item.path), None, report.longrepr[2])  # point at the recipe, not at plugin code
+    return report
+
+
 def pytest_terminal_summary(terminalreporter, config) -> None:
     run = config.stash.get(RUN_KEY, None)
     if run and run.measurements:

@@ -105,6 +105,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "save_steps": _k("int", 500, "optimizer steps between checkpoints", positive=True),
         "save_total_limit": _k("int", 3, "checkpoints kept", positive=True),
         "compile": _k("bool", False, "torch.compile the model (needs triton on GPUs)"),
+        "tf32": _k("bool", False, "allow TF32 matmuls (Ampere and newer)"),
+        "fp8": _k("bool", False, "FP8 matmuls (torchao / Transformer Engine; Ada, Hopper and newer)"),
     },
     "hardware": {
         "device": _k("choice", "auto", "where to train", choices=("auto", "cuda", "rocm", "mps", "cpu", "mlx")),

@@ -50,7 +50,7 @@ def fits(peak: int, capacity: Optional[int], headroom: float) -> tuple[bool, Opt
     return peak <= usable, usable
 
 
-@check("model.step_memory", stage=STAGES["model.step"], requires=("data.masking",))
+@check("model.step_memory", stage=STAGES["model.step"], requires=("stack.precision", "stack.kernels", "data.masking"))
 def step_memory(ctx) -> None:
     """The worst-case batch runs forward, backward and an optimizer step; peak memory fits."""
     import torch

@@ -19,6 +19,7 @@ class Host:
     memory_total_bytes: int
     macos_version: Optional[str] = None
     cpu_flags: tuple[str, ...] = ()
+    compiler: Optional[str] = None  # a C compiler on PATH (torch.compile on the CPU needs one)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 
 from .base import Host
 
@@ -42,4 +43,5 @@ def read_host() -> Host:
         python=platform.python_version(), cpu_model=model, cores_logical=os.cpu_count() or 1,
         cores_physical=psutil.cpu_count(logical=False), memory_total_bytes=psutil.virtual_memory().total,
         macos_version=mac, cpu_flags=flags,
+        compiler=next((c for c in (shutil.which(n) for n in ("cc", "gcc", "clang")) if c), None),
     )

@@ -1,0 +1,351 @@
+"""Stack checks: driver, architecture, precision, optional kernels, MLX, and a real smoke
+test on the device. Everything here reads the ``Machine`` snapshot and the facts tables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from ..facts import cc_text, load, version_tuple
+from .base import STAGES, Fail, Skip, check
+
+
+def _cc(cc) -> tuple[int, int]:
+    major, minor = (int(x) for x in str(cc).split("."))
+    return major, minor
+
+
+def gpu_family(cc: tuple[int, int]) -> str:
+    return load("compute")["gpus"].get(cc_text(cc), "")
+
+
+def _gpu_words(gpu) -> str:
+    if gpu.capability:
+        family = gpu_family(gpu.capability)
+        return f"{gpu.name} (compute capability {cc_text(gpu.capability)}{', ' + family if family else ''})"
+    if gpu.vendor == "amd":
+        return f"{gpu.name} ({gpu.arch}, {load('rocm')['archs'].get(gpu.arch, 'unknown AMD arch')})"
+    return gpu.name
+
+
+def _cuda_text(version: tuple[int, ...]) -> str:
+    return ".".join(str(v) for v in version[:2])
+
+
+def best_torch_build(max_cuda: tuple[int, int]) -> Optional[str]:
+    builds = [b for b in load("cuda")["torch_builds"]["cuda"] if version_tuple(b) <= max_cuda]
+    return builds[-1] if builds else None
+
+
+def _gpu(ctx):
+    if ctx.device.missing:
+        raise Fail(ctx.device.missing)
+    if ctx.device.kind in ("mps", "mlx"):
+        raise Skip("Apple GPUs have no separate driver or per-arch kernel list: macOS and the MPS/MLX build carry them")
+    if ctx.device.kind == "cpu":
+        raise Skip("the recipe trains on the CPU: no GPU driver or kernel list to check")
+    return ctx.machine.gpus[0]
+
+
+@check("stack.driver", stage=STAGES["stack"], accelerator=True)
+def driver(ctx) -> None:
+    """The driver supports the CUDA runtime torch was built with (minor-version compatibility)."""
+    machine, kind = ctx.machine, ctx.device.kind
+    _gpu(ctx)
+    build = machine.torch
+    if kind == "rocm":
+        if not build.hip:
+            raise Fail(f"the recipe trains on ROCm but torch {build.version} is not a ROCm build: install the ROCm wheel")
+        ctx.measure("torch_hip", build.hip, "")
+        return
+    if not build.cuda:
+        raise Fail(f"torch {build.version} is a CPU build on a machine with an NVIDIA GPU: install a CUDA build")
+    driver_cuda = machine.nvml.cuda_driver_version or build.driver_cuda_version
+    if not driver_cuda:
+        raise Fail(f"cannot read the driver's CUDA version (NVML: {machine.nvml.error or 'no answer'}); "
+                   "install the NVIDIA driver or make libnvidia-ml.so.1 visible in the container")
+    drv = (driver_cuda // 1000, driver_cuda % 1000 // 10)
+    wanted = version_tuple(build.cuda)[:2]
+    driver_version = machine.nvml.driver_version or "unknown"
+    ctx.measure("driver_version", driver_version, "")
+    ctx.measure("driver_max_cuda", _cuda_text(drv), "")
+    ctx.measure("torch_cuda", build.cuda, "")
+    facts = load("cuda")
+    toolkit = next((t for t in facts["toolkit"] if version_tuple(t["cuda"])[:2] == wanted), None)
+    need = toolkit["linux"] if toolkit else f"one supporting CUDA {build.cuda}"
+    if drv >= wanted:
+        return
+    older = best_torch_build(drv)
+    instead = f", or install a torch build for CUDA {older} (the cu{older.replace('.', '')} wheel)" if older else ""
+    if drv[0] == wanted[0]:
+        family = next(f for f in facts["family"] if f["major"] == wanted[0])
+        if machine.nvml.driver_version and version_tuple(driver_version) < version_tuple(family["linux"]):
+            raise Fail(f"driver {driver_version} is older than {family['linux']}, the minimum for any CUDA "
+                       f"{wanted[0]}.x runtime (minor-version compatibility); torch {build.version} needs a driver >= {need}{instead}")
+        ctx.measure("minor_version_compatibility", "yes", "")
+        if ctx.recipe.training.compile:
+            raise Fail(f"driver {driver_version} supports CUDA {_cuda_text(drv)} and runs torch's CUDA {build.cuda} runtime "
+                       f"only through minor-version compatibility, where PTX that triton/torch.compile JIT-compiles "
+                       f"may fail; upgrade the driver to >= {need}{instead}, or set compile = false")
+        return
+    raise Fail(f"driver {driver_version} supports CUDA up to {_cuda_text(drv)} but torch {build.version} was built "
+               f"with CUDA {build.cuda}: upgrade the driver to >= {need}{instead}")
+
+
+@check("stack.arch", stage=STAGES["stack"] + 1, accelerator=True)
+def arch(ctx) -> None:
+    """The GPU's compute capability (or gfx arch) is among the arches the torch build carries."""
+    gpu = _gpu(ctx)
+    build = ctx.machine.torch
+    arches = list(build.arch_list)
+    ctx.measure("gpu_arch", gpu.arch or "", "")
+    if not arches:
+        raise Skip(f"torch {build.version} reports no arch list (torch.cuda.get_arch_list() is empty)")
+    if gpu.vendor == "amd":
+        if gpu.arch in arches:
+            return
+        raise Fail(f"{_gpu_words(gpu)} is not among the arches of torch {build.version} ({', '.join(arches)}): "
+                   "kernels will fail with 'invalid device function'; install a ROCm build of torch that lists it "
+                   "(check AMD's ROCm support matrix for this GPU)")
+    major, minor = gpu.capability
+    if f"sm_{major}{minor}" in arches:
+        return
+    if any(a == f"sm_{major}{m}" for m in range(minor) for a in arches):
+        ctx.measure("arch_note", f"runs sm_{major}x binaries compiled for an older minor (binary compatible)", "")
+        return
+    ptx = [a for a in arches if a.startswith("compute_") and version_tuple(a[8:-1] + "." + a[-1]) <= (major, minor)]
+    if ptx:
+        ctx.measure("arch_note", f"no sm_{major}{minor} binaries; PTX {ptx[-1]} is JIT-compiled at first use", "")
+        return
+    row = next((r for r in load("cuda")["arch"] if _cc(r["cc"]) == (major, minor)), None)
+    if row and row["max_cuda"] and version_tuple(build.cuda or "0") > version_tuple(row["max_cuda"]):
+        fix = f"install a torch build for CUDA <= {row['max_cuda']} (newer CUDA dropped this architecture)"
+    elif row:
+        builds = [b for b in load("cuda")["torch_builds"]["cuda"] if version_tuple(b) >= version_tuple(row["min_cuda"])]
+        wheel = f" (e.g. the cu{builds[0].replace('.', '')} wheel)" if builds else ""
+        fix = f"install a torch build for CUDA >= {row['min_cuda']}{wheel}, which carries sm_{major}{minor}"
+    else:
+        fix = "install a torch build whose get_arch_list() includes it"
+    raise Fail(f"{_gpu_words(gpu)} is sm_{major}{minor} but torch {build.version} carries {' '.join(arches)}: "
+               f"training would stop with 'no kernel image is available for execution on the device'; {fix}")
+
+
+def _precisions(recipe) -> list[str]:
+    wanted = [recipe.model.dtype] if recipe.model.dtype == "bfloat16" else []
+    return wanted + (["tf32"] if recipe.training.tf32 else []) + (["fp8"] if recipe.training.fp8 else [])
+
+
+@check("stack.precision", stage=STAGES["stack"] + 2)
+def precision(ctx) -> None:
+    """The recipe's dtype (and TF32 / FP8 if asked) is native on this device."""
+    recipe, machine, device = ctx.recipe, ctx.machine, ctx.device
+    if device.missing:
+        raise Fail(device.missing)
+    ctx.measure("dtype", recipe.model.dtype, "")
+    if device.kind == "mlx":
+        raise Skip("MLX chooses its own kernels; precision is checked by mlx-lm at load time")
+    rows = {r["name"]: r for r in load("compute")["precision"]}
+    problems = []
+    for name in _precisions(recipe):
+        row = rows[name]
+        problem = _precision_problem(name, row, machine, device, ctx)
+        if problem:
+            problems.append(f"{problem}; use {row['instead']}")
+    if problems:
+        raise Fail("\n".join(problems))
+
+
+def _precision_problem(name, row, machine, device, ctx) -> str:
+    if device.kind == "cuda":
+        gpu = machine.gpus[0]
+        need = _cc(row["cuda_min_cc"])
+        if gpu.capability < need:
+            emulated = (" (torch.cuda.is_bf16_supported() says True here because it counts emulation)"
+                        if name == "bfloat16" else "")
+            return (f"{_gpu_words(gpu)} has no native {name}: it needs compute capability {row['cuda_min_cc']} "
+                    f"or newer{emulated}")
+        return ""
+    if device.kind == "rocm":
+        gpu = machine.gpus[0]
+        return "" if gpu.arch in row["rocm_archs"] else f"{_gpu_words(gpu)} has no native {name} support"
+    if device.kind == "mps":
+        if name != "bfloat16":
+            return f"Apple GPUs have no {name}"
+        host, build = machine.host, machine.torch
+        if host.machine != "arm64":
+            return "MPS bfloat16 needs Apple silicon; this Mac is Intel"
+        if version_tuple(host.macos_version or "0") < version_tuple(row["mps_min_macos"]):
+            return f"MPS bfloat16 needs macOS {row['mps_min_macos']} or newer; this Mac runs macOS {host.macos_version}"
+        if version_tuple(build.version or "0") < version_tuple(row["mps_min_torch"]):
+            return f"MPS bfloat16 needs torch >= {row['mps_min_torch']}; installed: {build.version}"
+        return ""
+    # CPU: bf16 runs everywhere (emulated where AVX512-BF16/AMX is absent); TF32 has no meaning; FP8 does not train
+    if name == "fp8":
+        return "FP8 training needs a GPU (compute capability 8.9+ or MI300)"
+    if name == "bfloat16":
+        native = any(f in machine.host.cpu_flags for f in ("avx512_bf16", "amx_bf16"))
+        ctx.measure("cpu_bf16_native", native, "")
+    return ""
+
+
+def _required_kernels(recipe) -> list[tuple[str, str]]:
+    """(kernel row name, why) for each optional kernel the recipe implies."""
+    out = []
+    if recipe.model.attn_implementation in ("flash_attention_2", "flash_attention_3"):
+        out.append((recipe.model.attn_implementation, f"attn_implementation = \"{recipe.model.attn_implementation}\""))
+    if recipe.model.quantization != "none":
+        out.append(("bitsandbytes", f"quantization = \"{recipe.model.quantization}\""))
+    elif recipe.training.optimizer == "adamw_8bit":
+        out.append(("bitsandbytes", "optimizer = \"adamw_8bit\""))
+    return out
+
+
+def kernel_problem(row: dict, why: str, recipe, machine, device) -> str:
+    """'' when the kernel imports and supports this device, else what to do."""
+    name, package = row["name"], row["package"]
+    if device.kind in ("cpu", "mps", "mlx"):
+        if name == "bitsandbytes" and device.kind == "mps":
+            modes = row["mps_modes"]
+            mode = "optim8" if recipe.training.optimizer == "adamw_8bit" else recipe.model.quantization
+            if mode not in modes:
+                return (f"{why}: bitsandbytes on Apple GPUs supports {', '.join(modes)} only; use "
+                        f"{row['instead']}")
+        else:
+            where = "an Apple GPU" if device.kind in ("mps", "mlx") else "the CPU"
+            return (f"{why} needs {name.replace('_', ' ')} on an NVIDIA GPU"
+                    f"{' or an AMD MI200/MI300' if row['rocm_train_archs'] else ''}; this recipe runs on {where} "
+                    f"({machine.describe()}): use {row['instead']}")
+    elif device.kind == "cuda":
+        gpu = machine.gpus[0]
+        low, high = _cc(row["cuda_min_cc"]), _cc(row["cuda_max_cc"]) if row["cuda_max_cc"] else None
+        if gpu.capability < low or (high and gpu.capability > high):
+            span = f"exactly {row['cuda_min_cc']}" if high == low else f"{row['cuda_min_cc']} or newer"
+            return (f"{why}: {name} needs compute capability {span}; {_gpu_words(gpu)} lacks it: use {row['instead']}")
+        if name == "bitsandbytes" and recipe.model.quantization == "8bit" and gpu.capability < _cc(row["int8_min_cc"]):
+            return f"{why}: LLM.int8 needs compute capability {row['int8_min_cc']}; use quantization = \"4bit\""
+    elif device.kind == "rocm":
+        gpu = machine.gpus[0]
+        if gpu.arch in row["rocm_forward_only_archs"]:
+            return f"{why} on {_gpu_words(gpu)}: {row['rocm_note']}"
+        if gpu.arch not in row["rocm_train_archs"]:
+            return f"{why}: no ROCm build of {name} for {_gpu_words(gpu)} ({row['rocm_note']}); use {row['instead']}"
+        if name == "bitsandbytes":
+            k = machine.kernel(package)
+            if k.version and not any(lib.startswith("rocm") for lib in k.native_libs):
+                return (f"{why}: bitsandbytes {k.version} carries no ROCm library (native builds: "
+                        f"{', '.join(k.native_libs) or 'none'}); install bitsandbytes >= {row['rocm_min_version']} "
+                        f"({row['rocm_note']}) or use {row['instead']}")
+    if row["dtypes"] and recipe.model.dtype not in row["dtypes"]:
+        return f"{why}: {name} runs in {' or '.join(row['dtypes'])}, the recipe trains in {recipe.model.dtype}"
+    k = machine.kernel(package)
+    if k.version is None:
+        install = {"flash_attn": "pip install flash-attn --no-build-isolation",
+                   "flash_attn_3": "build flash-attention's hopper/ folder (python setup.py install)",
+                   "bitsandbytes": "pip install 'pytest-ftready[quant]'"}[package]
+        return f"{why}: {package} is not installed ({install})"
+    if k.import_error:
+        return f"{why}: {k.import_error}"
+    return ""
+
+
+def sdpa_backends(machine, device, dtype: str) -> str:
+    if device.kind != "cuda":
+        return "math" if device.kind == "cpu" else "native"
+    cc = machine.gpus[0].capability
+    backends = []
+    if (8, 0) <= cc <= (12, 1) and dtype in ("float16", "bfloat16"):
+        backends.append("flash")
+    if cc >= (5, 0):
+        backends.append("mem_efficient")
+    return ", ".join(backends + ["math"])
+
+
+@check("stack.kernels", stage=STAGES["stack"] + 3)
+def kernels(ctx) -> None:
+    """Every optional kernel the recipe implies imports AND supports this device."""
+    recipe, machine, device = ctx.recipe, ctx.machine, ctx.device
+    if device.missing:
+        raise Fail(device.missing)
+    rows = {r["name"]: r for r in load("compute")["kernel"]}
+    required = _required_kernels(recipe)
+    ctx.measure("kernels_required", ", ".join(n for n, _ in required) or "none", "")
+    if recipe.model.attn_implementation == "sdpa":
+        ctx.measure("sdpa_backends", sdpa_backends(machine, device, recipe.model.dtype), "")
+    problems = [p for name, why in required if (p := kernel_problem(rows[name], why, recipe, machine, device))]
+    if recipe.training.compile:
+        if device.kind in ("cuda", "rocm"):
+            k = machine.kernel("triton")
+            if k.version is None or k.import_error:
+                problems.append(f"compile = true: torch.compile on GPUs needs triton ({k.import_error or 'not installed'})")
+        elif device.kind == "cpu" and not machine.host.compiler:
+            problems.append("compile = true: torch.compile on the CPU needs a C++ compiler (cc/gcc/clang) on PATH")
+    if problems:
+        raise Fail("\n".join(problems))
+
+
+def _model_type(recipe) -> Optional[str]:
+    if recipe.model.path:
+        config = Path(recipe.model.path) / "config.json"
+        return json.loads(config.read_text(encoding="utf-8")).get("model_type") if config.is_file() else None
+    try:
+        from ..loading import model_config
+
+        return model_config(recipe).get("model_type")
+    except Exception:  # offline without a cached config
+        return None
+
+
+@check("stack.mlx", stage=STAGES["stack"] + 4,
+       applies=lambda r: None if r.hardware.device == "mlx" else "not an MLX recipe ([hardware] device != \"mlx\")")
+def mlx(ctx) -> None:
+    """mlx-lm implements the model's architecture, and the recipe's export path supports it."""
+    recipe, machine = ctx.recipe, ctx.machine
+    if ctx.device.missing:
+        raise Fail(ctx.device.missing)
+    facts = load("mlx")
+    if not machine.mlx_lm_version:
+        raise Fail("mlx-lm is not installed: pip install 'pytest-ftready[apple]'")
+    model_type = _model_type(recipe)
+    if model_type is None:
+        raise Skip("the model's config.json is not reachable offline; cannot read its model_type")
+    resolved = facts["remapping"].get(model_type, model_type)
+    ctx.measure("model_type", model_type, "")
+    known = f"(per mlx-lm {facts['version']}; installed {machine.mlx_lm_version})"
+    if resolved not in facts["model_types"]:
+        raise Fail(f"mlx-lm does not implement model_type {model_type!r} {known}: mlx_lm.lora would stop with "
+                   f"'Model type {model_type} not supported.'; train this model with torch (device = \"mps\")")
+    if recipe.export.format == "gguf":
+        if resolved not in facts["gguf_model_types"]:
+            raise Fail(f"mlx_lm.fuse --export-gguf supports model types {', '.join(facts['gguf_model_types'])} only "
+                       f"{known}, not {model_type!r}: export safetensors (format = \"safetensors\") and convert with llama.cpp")
+        if recipe.model.quantization != "none":
+            raise Fail("GGUF export of a quantized model is not supported by mlx_lm.fuse: add --dequantize")
+
+
+@check("stack.smoke", stage=STAGES["stack"] + 5, requires=("stack.precision",))
+def smoke(ctx) -> None:
+    """Allocate, multiply in the recipe's dtype on the real device, read back: 'imports' is not 'works'."""
+    import torch
+
+    from ..loading import torch_dtype
+
+    if ctx.device.kind == "mlx":
+        raise Skip("MLX recipes train with mlx, not torch")
+    if ctx.machine.fake:
+        raise Skip("the machine is described (pytest_ftready_machine), not probed: there is no real device to run on")
+    device = ctx.torch_device()
+    dtype = torch_dtype(ctx.recipe.model.dtype)
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(256, 256, generator=generator)
+    b = torch.randn(256, 256, generator=generator)
+    reference = a.double() @ b.double()
+    try:
+        out = (a.to(device, dtype) @ b.to(device, dtype)).double().cpu()
+    except (RuntimeError, TypeError) as exc:
+        raise Fail(f"a {ctx.recipe.model.dtype} matmul on {device} failed: {str(exc).splitlines()[0]}") from None
+    error = float((out - reference).abs().max() / reference.abs().max())
+    tolerance = {"float32": 5e-3, "float16": 2e-2, "bfloat16": 6e-2}[ctx.recipe.model.dtype]
+    ctx.measure("smoke_relative_error", error, "")
+    if not error <= tolerance:
+        raise Fail(f"a {ctx.recipe.model.dtype} matmul on {device} is wrong: relative error {error:.3g} > {tolerance}")
