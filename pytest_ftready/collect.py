@@ -72,6 +72,7 @@ class CheckItem(pytest.Function):
     def run_check(self, request) -> None:
         from .context import CheckContext
         from .devices import no_accelerator_reason
+        from .scan import redact
 
         state = self.state
         failed = state.failed_prerequisite(self.spec.requires)
@@ -88,9 +89,9 @@ class CheckItem(pytest.Function):
                            request.getfixturevalue("record_testsuite_property"))
         try:
             self.spec.body(ctx)
-        except Fail as exc:
-            pytest.fail(str(exc), pytrace=False)
+        except Fail as exc:  # messages may quote user data: never let a secret through
+            pytest.fail(redact(str(exc)), pytrace=False)
         except Skip as exc:
-            pytest.skip(str(exc))
+            pytest.skip(redact(str(exc)))
         finally:
             ctx.finish()

@@ -41,7 +41,12 @@ class CheckContext:
         return self.device.torch_device
 
     def measure(self, name: str, value: Any, unit: str = "", estimate: bool = False) -> Any:
-        """Record ``value`` (with its unit) to every output channel; returns ``value``."""
+        """Record ``value`` (with its unit) to every output channel; returns ``value``.
+        Text values are redacted: a measurement never carries a secret found in data."""
+        if isinstance(value, str):
+            from .scan import redact
+
+            value = redact(value)
         m = self.state.record(self.spec.id, name, value, unit, estimate)
         self.user_properties.append((m.key, value))
         self.measured.append(m)

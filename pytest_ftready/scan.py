@@ -4,6 +4,7 @@ secrets). Findings carry a fingerprint and a redacted preview, never the value."
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import json
@@ -36,11 +37,11 @@ _PATTERNS = [
     ("stripe_key", r"\b(?:sk|rk)_live_[0-9A-Za-z]{24,}"),
     ("azure_storage_key", r"AccountKey=[A-Za-z0-9+/]{86}==|\bAZURE_[A-Z_]*KEY\s*[=:]\s*['\"]?[A-Za-z0-9+/]{40,}={0,2}"),
     ("aws_secret_access_key", r"(?i)aws_?secret_?access_?key\s*[\"']?\s*[=:]\s*[\"']?[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+])"),
-    ("assigned_secret", r"(?i)\b(?:password|passwd|pwd|secret|token|api[_-]?key|apikey|access[_-]?key|client[_-]?secret"
+    ("assigned_secret", r"(?i)(?:password|passwd|pwd|secret|token|api[_-]?key|apikey|access[_-]?key|client[_-]?secret"
                         r"|auth[_-]?token|private[_-]?key)[\"']?\s*[=:]\s*[\"']?[^\s\"',;]{12,}"),
     ("email", r"\b[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9.-]+\.[A-Za-z]{2,24}\b"),
     ("iban", r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b"),
-    ("payment_card", r"(?<![\d.-])(?:\d[ -]?){12,18}\d(?![\d-])"),
+    ("payment_card", r"(?<![\w.-])(?:\d[ -]?){12,18}\d(?![\w-])"),
     ("national_id", r"\b\d{3}-\d{2}-\d{4}\b|\b\d{3}\.\d{3}\.\d{3}-\d{2}\b|\b[XYZ]?\d{7,8}-?[A-Z]\b"
                     r"|\b\d{4} \d{4} \d{4}\b|\b\d{17}[\dX]\b|\b\d{11}\b"),
     ("phone", r"(?<![\w+])\+\d{1,3}(?:[ .-]?\(?\d{1,4}\)?){2,5}(?![\w])|\(\d{3}\) ?\d{3}-\d{4}\b"),
@@ -51,7 +52,34 @@ def _scoped(pattern: str) -> str:
     return f"(?i:{pattern[4:]})" if pattern.startswith("(?i)") else pattern
 
 
-_COMBINED = re.compile("|".join(f"(?P<{name}>{_scoped(pattern)})" for name, pattern in _PATTERNS))
+_SINGLE = [(name, re.compile(_scoped(pattern))) for name, pattern in _PATTERNS]
+_ORDER = {name: i for i, (name, _) in enumerate(_PATTERNS)}
+# A kind can only match where one of its literals occurs (checked in lower-cased text; None:
+# always possible). Skipping absent kinds keeps the one-pass pattern small: the speed.
+_TRIGGERS: dict[str, Optional[tuple[str, ...]]] = {
+    "private_key": ("-----begin",), "jwt": ("eyj",), "aws_access_key_id": ("akia", "asia", "agpa", "aida", "aroa", "anpa"),
+    "gcp_api_key": ("aiza",), "github_token": ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+    "gitlab_token": ("glpat-",), "slack_webhook": ("hooks.slack.com",), "slack_token": ("xox",), "huggingface_token": ("hf_",),
+    "anthropic_key": ("sk-ant-",), "openai_key": ("sk-",), "stripe_key": ("_live_",), "azure_storage_key": ("accountkey=", "azure_"),
+    "aws_secret_access_key": ("secret",), "assigned_secret": ("pass", "pwd", "secret", "token", "key", "auth"),
+    "email": ("@",), "iban": None, "payment_card": None, "national_id": None, "phone": ("+", "("), "ip_address": (".", ":"),
+}
+_DIGIT = re.compile(r"\d")
+_DIGIT_KINDS = frozenset({"iban", "payment_card", "national_id", "phone", "ip_address"})
+
+
+@functools.lru_cache(maxsize=256)
+def _combined(kinds: tuple[str, ...]) -> re.Pattern:
+    return re.compile("|".join(f"(?P<{name}>{_scoped(pattern)})" for name, pattern in _PATTERNS if name in kinds))
+
+
+def active_kinds(text: str) -> tuple[str, ...]:
+    """The kinds whose literal triggers occur in ``text`` (compute once for a whole line)."""
+    lower = text.lower()
+    digits = _DIGIT.search(text) is not None
+    return tuple(name for name, _ in _PATTERNS
+                 if (digits or name not in _DIGIT_KINDS)
+                 and (_TRIGGERS[name] is None or any(t in lower for t in _TRIGGERS[name])))
 _SECRET_NAME = re.compile(r"(?i)^[\"']?[a-z_-]*?(?:password|passwd|pwd|secret|token|api[_-]?key|apikey|access[_-]?key"
                           r"|client[_-]?secret|auth[_-]?token|private[_-]?key)[\"']?\s*[=:]\s*[\"']?")
 RESERVED_EMAIL_DOMAINS = ("example.com", "example.org", "example.net", ".example", ".test", ".invalid", ".localhost")
@@ -220,19 +248,39 @@ VALIDATORS: dict[str, Callable[[str], bool]] = {
 }
 
 
-def scan_text(text: str, categories: frozenset[str] = frozenset({"secrets", "pii"})) -> Iterator[Finding]:
-    """Every secret / personal datum in ``text`` (validated), in order."""
-    for match in _COMBINED.finditer(text):
-        kind = match.lastgroup
-        category = "secrets" if kind in SECRET_KINDS else "pii"
-        if category not in categories:
-            continue
-        value = match.group()
-        validator = VALIDATORS.get(kind)
-        if validator is not None and not validator(value):
-            continue
-        yield Finding(kind=kind, category=category, start=match.start(), end=match.end(),
-                      fingerprint=fingerprint(kind, value), preview=_preview(kind, value))
+def scan_text(text: str, categories: frozenset[str] = frozenset({"secrets", "pii"}),
+              kinds: Optional[tuple[str, ...]] = None) -> Iterator[Finding]:
+    """Every secret / personal datum in ``text`` (validated), in order. One pass of the
+    combined pattern; where a validator rejects a match, the kinds after it are tried at the
+    same place (a 17-digit run that is no card may be a national id)."""
+    kinds = active_kinds(text) if kinds is None else kinds
+    if not kinds:
+        return
+    combined = _combined(kinds)
+    pos = 0
+    while (match := combined.search(text, pos)) is not None:
+        found = _accept(match.lastgroup, match.group(), match.start(), match.end(), categories)
+        if found is None:
+            for kind, pattern in _SINGLE[_ORDER[match.lastgroup] + 1:]:
+                other = pattern.match(text, match.start()) if kind in kinds else None
+                if other and (found := _accept(kind, other.group(), other.start(), other.end(), categories)):
+                    break
+        if found is not None:
+            yield found
+            pos = max(found.end, match.start() + 1)
+        else:
+            pos = match.end()
+
+
+def _accept(kind: str, value: str, start: int, end: int, categories: frozenset[str]) -> Optional[Finding]:
+    category = "secrets" if kind in SECRET_KINDS else "pii"
+    if category not in categories:
+        return None
+    validator = VALIDATORS.get(kind)
+    if validator is not None and not validator(value):
+        return None
+    return Finding(kind=kind, category=category, start=start, end=end, fingerprint=fingerprint(kind, value),
+                   preview=_preview(kind, value))
 
 
 def redact(text: str) -> str:

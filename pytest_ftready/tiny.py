@@ -120,8 +120,11 @@ def write_jsonl(path: Path, rows: Iterable[dict]) -> Path:
 
 
 def build_example(folder: Path) -> Path:
-    """The bundled example: ``folder/model`` and ``folder/data/train.jsonl``."""
+    """The bundled example: ``folder/model`` and ``folder/data/train.jsonl``, in a folder only
+    its owner can enter (local is not automatically private: privacy.permissions checks it)."""
     folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o700)
     build_model(build_tokenizer(), folder / "model")
     write_jsonl(folder / "data" / "train.jsonl", example_rows())
     return folder

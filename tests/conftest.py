@@ -43,6 +43,7 @@ def tiny_example(tmp_path, tiny_model_dir) -> Path:
     folder.mkdir()
     shutil.copy(EXAMPLE / "recipe.toml", folder / "recipe.toml")
     write_jsonl(folder / "data" / "train.jsonl", example_rows())
+    shutil.copy(EXAMPLE / "data" / "MANIFEST.json", folder / "data" / "MANIFEST.json")
     (folder / "model").symlink_to(tiny_model_dir)
     return folder
 
@@ -65,3 +66,41 @@ def _edit_recipe(path: Path, **replacements: str) -> Path:
             raise KeyError(key)
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+@pytest.fixture(scope="session")
+def real_machine():
+    from pytest_ftready.probes import read_machine
+
+    return read_machine()
+
+
+@pytest.fixture
+def make_state(tiny_example, tmp_path, real_machine, edit_recipe):
+    """``make_state(machine=None, **recipe_edits)``: the tiny recipe's RecipeState, in-process."""
+    from pytest_ftready.checks.base import all_checks
+    from pytest_ftready.recipe import load_recipe
+    from pytest_ftready.session import RunState
+
+    all_checks()
+
+    def make(machine=None, **edits):
+        path = tiny_example / "recipe.toml"
+        if edits:
+            _edit_recipe(path, **edits)
+        run = RunState(artifacts_root=tmp_path / "arts", machine_factory=lambda: machine or real_machine)
+        return run.recipe_state(load_recipe(path))
+    return make
+
+
+@pytest.fixture
+def run_check():
+    """``run_check(state, check_id)``: run one check's body; returns its context (measurements)."""
+    from pytest_ftready.checks.base import REGISTRY
+    from pytest_ftready.context import CheckContext
+
+    def run(state, check_id):
+        ctx = CheckContext(state, REGISTRY[check_id])
+        REGISTRY[check_id].body(ctx)
+        return ctx
+    return run

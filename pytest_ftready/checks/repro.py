@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..environment import environment_record, suite_properties
 from ..report import write_json
-from .base import STAGES, Fail, check
+from .base import STAGES, Fail, Skip, check
 
 
 @check("repro.environment", stage=STAGES["repro.environment"])
@@ -23,3 +23,88 @@ def environment(ctx) -> None:
     ctx.user_properties.append(("environment_json", str(path)))
     if machine.torch.version is None:
         raise Fail("torch is not installed: pip install torch (the CPU, CUDA or ROCm build for this machine)")
+
+
+@check("repro.pins", stage=STAGES["repro"])
+def pins(ctx) -> None:
+    """Installed versions equal the pins; the model revision is a commit (or the local folder is hashed)."""
+    from ..pins import folder_hash, mismatches, normalize, read_lockfile
+    from ..probes import PACKAGES
+    from ..recipe import is_commit_hash
+
+    recipe = ctx.recipe
+    problems = []
+    if recipe.model.id:
+        ctx.measure("model_revision", recipe.model.revision, "")
+        if not is_commit_hash(recipe.model.revision):
+            problems.append(f"[model] revision {recipe.model.revision!r} is a branch or tag, not a commit: it can move. "
+                            f"Pin the commit it points to: python -c \"from huggingface_hub import HfApi; "
+                            f"print(HfApi().model_info('{recipe.model.id}', revision='{recipe.model.revision}').sha)\"")
+    else:
+        ctx.measure("model_folder_sha256", folder_hash(recipe.model.path), "")
+    declared = {normalize(k): v for k, v in recipe.pins.packages.items()}
+    if recipe.pins.lockfile:
+        declared = read_lockfile(recipe.pins.lockfile) | declared
+    ctx.measure("pinned_packages", len(declared), "packages")
+    if declared:
+        mismatch = mismatches(declared, PACKAGES)
+        ctx.measure("pin_mismatches", len(mismatch), "packages")
+        if mismatch:
+            problems.append(f"{len(mismatch)} installed package(s) differ from the pins:\n  " + "\n  ".join(mismatch))
+    if problems:
+        raise Fail("\n".join(problems))
+    if not declared:
+        raise Skip("no package pins declared: add [pins] lockfile = \"requirements.lock\" (pip freeze > "
+                   "requirements.lock) or packages = { torch = \"...\" }")
+
+
+def seeds_applied(seed: int) -> list[str]:
+    """Seed torch, python and numpy as training does, and verify each generator took it."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from ..training import seed_everything
+
+    seed_everything(seed)
+    drawn = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    expected = (random.Random(seed).random(), float(np.random.RandomState(seed).rand()),
+                float(torch.rand(1, generator=torch.Generator().manual_seed(seed))))
+    return [name for name, a, b in zip(("python", "numpy", "torch"), drawn, expected) if a != b]
+
+
+@check("repro.config", stage=STAGES["repro"] + 1)
+def config(ctx) -> None:
+    """The resolved recipe, the plugin version and every seed are written; the seeds really apply."""
+    from .. import __version__
+
+    recipe = ctx.recipe
+    seed = recipe.training.seed
+    payload = {"plugin": "pytest-ftready", "version": __version__, "recipe": recipe.to_dict(),
+               "seeds": {"torch": seed, "python": seed, "numpy": seed, "data_order": seed}}
+    path = write_json(ctx.state.artifacts / "config.json", payload)
+    ctx.user_properties.append(("config_json", str(path)))
+    ctx.measure("seed", seed, "")
+    failed = seeds_applied(seed)
+    if failed:
+        raise Fail(f"seeding with {seed} did not reach the {', '.join(failed)} generator(s)")
+
+
+@check("repro.manifest", stage=STAGES["repro"] + 2)
+def manifest(ctx) -> None:
+    """The data on disk matches the data manifest (file, size, sha256, rows)."""
+    from ..manifest import differences
+
+    recipe = ctx.recipe
+    if not recipe.data.manifest:
+        raise Skip("no [data] manifest declared; add manifest = \"data/MANIFEST.json\" and write it with "
+                   f"`ftready-manifest write {recipe.source}`")
+    if not recipe.data.manifest.exists():
+        raise Fail(f"the manifest {recipe.data.manifest} does not exist: write it with "
+                   f"`ftready-manifest write {recipe.source}` and commit it")
+    problems = differences(recipe.data.train, recipe.data.manifest)
+    ctx.measure("manifest_files", len(recipe.data.train), "files")
+    if problems:
+        raise Fail(f"the data differs from {recipe.data.manifest.name} in {len(problems)} place(s):\n  "
+                   + "\n  ".join(problems) + f"\nIf the change is intended, rewrite it: ftready-manifest write {recipe.source}")

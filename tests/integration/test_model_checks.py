@@ -9,40 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ftready.checks.base import REGISTRY, Fail, all_checks
-from pytest_ftready.context import CheckContext
+from pytest_ftready.checks.base import Fail
 from pytest_ftready.encoding import IGNORE_INDEX
-from pytest_ftready.probes import read_machine
-from pytest_ftready.recipe import load_recipe
-from pytest_ftready.session import RecipeState, RunState
+from pytest_ftready.session import RecipeState
 
 MiB = 1024 ** 2
 
 
-@pytest.fixture(scope="session")
-def real_machine():
-    return read_machine()
-
-
-@pytest.fixture
-def make_state(tiny_example, tmp_path, real_machine, edit_recipe):
-    def make(machine=None, **edits) -> RecipeState:
-        path = tiny_example / "recipe.toml"
-        if edits:
-            edit_recipe(path, **edits)
-        run = RunState(artifacts_root=tmp_path / "arts", machine_factory=lambda: machine or real_machine)
-        return run.recipe_state(load_recipe(path))
-    all_checks()
-    return make
-
-
-def run_check(state, check_id) -> CheckContext:
-    ctx = CheckContext(state, REGISTRY[check_id])
-    REGISTRY[check_id].body(ctx)
-    return ctx
-
-
-def test_step_memory_records_peaks_and_hands_the_step_on(make_state):
+def test_step_memory_records_peaks_and_hands_the_step_on(make_state, run_check):
     state = make_state()
     ctx = run_check(state, "model.step_memory")
     names = {m.name: m for m in ctx.measured}
@@ -53,7 +27,7 @@ def test_step_memory_records_peaks_and_hands_the_step_on(make_state):
     assert step.tokens_per_step == 4 * 128 and step.tokens_per_s > 0
 
 
-def test_step_that_exceeds_the_device_fails_with_lever_advice(make_state, real_machine):
+def test_step_that_exceeds_the_device_fails_with_lever_advice(make_state, real_machine, run_check):
     small = dataclasses.replace(real_machine, host=dataclasses.replace(real_machine.host, memory_total_bytes=4 * MiB))
     state = make_state(machine=small)
     with pytest.raises(Fail) as info:
@@ -65,7 +39,7 @@ def test_step_that_exceeds_the_device_fails_with_lever_advice(make_state, real_m
     assert "8-bit optimizer" in message and "(estimate)" in message
 
 
-def test_overfit_passes_and_generate_reloads_the_same_model(make_state):
+def test_overfit_passes_and_generate_reloads_the_same_model(make_state, run_check):
     state = make_state()
     ctx = run_check(state, "model.overfit")
     losses = state.series["model.overfit"]["loss"]
@@ -74,13 +48,13 @@ def test_overfit_passes_and_generate_reloads_the_same_model(make_state):
     assert state.results["overfit"].greedy_ids[-1] in state.encoder.stop_ids
 
 
-def test_learning_rate_zero_fails_overfit(make_state):
+def test_learning_rate_zero_fails_overfit(make_state, run_check):
     state = make_state(learning_rate="0.0")
     with pytest.raises(Fail, match="no trainable parameter changed in 200 steps .learning_rate = 0.0."):
         run_check(state, "model.overfit")
 
 
-def test_labels_all_ignored_fail_overfit_with_a_non_finite_loss(make_state, monkeypatch):
+def test_labels_all_ignored_fail_overfit_with_a_non_finite_loss(make_state, monkeypatch, run_check):
     state = make_state()
     blind = [dataclasses.replace(e, labels=(IGNORE_INDEX,) * e.length) for e in state.trainable_examples]
     monkeypatch.setattr(RecipeState, "trainable_examples", property(lambda self: blind))
@@ -88,7 +62,7 @@ def test_labels_all_ignored_fail_overfit_with_a_non_finite_loss(make_state, monk
         run_check(state, "model.overfit")
 
 
-def test_merged_model_saved_without_the_adapter_fails_generate(make_state, monkeypatch):
+def test_merged_model_saved_without_the_adapter_fails_generate(make_state, monkeypatch, run_check):
     from pytest_ftready.checks import lifecycle
 
     state = make_state()
@@ -145,7 +119,7 @@ def test_checkpoint_missing_a_piece_of_state_is_named(resumable):
         load_state(folder)
 
 
-def test_packing_that_leaks_across_examples_fails(make_state, monkeypatch):
+def test_packing_that_leaks_across_examples_fails(make_state, monkeypatch, run_check):
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

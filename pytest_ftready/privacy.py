@@ -1,0 +1,201 @@
+"""Plain logic of the privacy checks: the model's license, effective file access, scanning
+files for secrets and personal data, and whether backup files look encrypted."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Optional
+
+from .scan import Finding, active_kinds, iter_strings, scan_text
+
+
+# ---- license -------------------------------------------------------------------------------
+def card_license(text: str) -> Optional[str]:
+    """The license a model card (README.md) declares in its YAML front matter."""
+    m = re.match(r"^---\s*\n(.*?)\n---", text, re.S)
+    if not m:
+        return None
+    front = m.group(1)
+    found = re.search(r"^license:\s*['\"]?([^'\"\n]+)", front, re.M)
+    license_ = found.group(1).strip().lower() if found else None
+    name = re.search(r"^license_name:\s*['\"]?([^'\"\n]+)", front, re.M)
+    if license_ == "other" and name:
+        return name.group(1).strip().lower()
+    return license_
+
+
+def model_license(recipe) -> tuple[Optional[str], str]:
+    """(license, where it came from)."""
+    if recipe.model.license:
+        return recipe.model.license.lower(), "the recipe's [model] license"
+    if recipe.model.path:
+        readme = Path(recipe.model.path) / "README.md"
+        if readme.is_file():
+            found = card_license(readme.read_text(encoding="utf-8", errors="replace"))
+            if found:
+                return found, "README.md front matter"
+        config = Path(recipe.model.path) / "config.json"
+        if config.is_file():
+            found = json.loads(config.read_text(encoding="utf-8")).get("license")
+            if found:
+                return str(found).lower(), "config.json"
+        return None, f"{recipe.model.path} (no README.md license, no config.json license)"
+    try:
+        from huggingface_hub import hf_hub_download
+
+        path = hf_hub_download(recipe.model.id, "README.md", revision=recipe.model.revision)
+        return card_license(Path(path).read_text(encoding="utf-8", errors="replace")), "the hub model card"
+    except Exception as exc:  # offline, gated or missing card: report why
+        return None, f"the hub model card could not be read ({type(exc).__name__})"
+
+
+# ---- effective access ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Exposure:
+    path: Path
+    mode: int
+    who: str  # "group" | "others" | "group and others"
+
+    def describe(self) -> str:
+        return (f"{self.path} (mode {stat.S_IMODE(self.mode):04o}) is reachable by {self.who}: "
+                f"chmod go-rwx {self.path}  (or chmod 700 on a folder above it)")
+
+
+def exposure(path: Path) -> Optional[Exposure]:
+    """Whether group or others can read/write ``path``: its own bits, and every parent folder
+    traversable by them (a 0644 file inside a 0700 folder is private)."""
+    path = Path(path).absolute()
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    who = []
+    for cls, rw, x in (("group", stat.S_IRGRP | stat.S_IWGRP, stat.S_IXGRP | stat.S_IXOTH),
+                       ("others", stat.S_IROTH | stat.S_IWOTH, stat.S_IXOTH)):
+        if mode & rw and all(_mode(parent) & x for parent in path.parents):
+            who.append(cls)
+    return Exposure(path, mode, " and ".join(who)) if who else None
+
+
+def _mode(path: Path) -> int:
+    try:
+        return path.stat().st_mode
+    except OSError:
+        return 0
+
+
+def walk(paths: Iterable[Path], limit: int = 100_000) -> Iterator[Path]:
+    """The paths themselves and, for folders, everything inside (bounded)."""
+    count = 0
+    for root in paths:
+        root = Path(root)
+        if not root.exists():
+            continue
+        yield root
+        if root.is_dir():
+            for dirpath, dirnames, filenames in os.walk(root):
+                for name in dirnames + filenames:
+                    count += 1
+                    if count > limit:
+                        return
+                    yield Path(dirpath) / name
+
+
+# ---- scanning --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Located:
+    file: str
+    line: int
+    field: str
+    finding: Finding
+
+    def describe(self) -> str:
+        return f"{Path(self.file).name}:{self.line} {self.field}: {self.finding.where()}"
+
+
+def scan_file(path: Path, categories: frozenset[str]) -> Iterator[Located]:
+    """JSONL rows field by field (a line that is not JSON is scanned as text); other text line by
+    line; parquet/csv through datasets, row by row. Binary files are passed over."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix in (".parquet", ".csv") or (suffix == ".json" and _starts_with(path, b"[")):
+        import datasets
+
+        ds = datasets.load_dataset({".parquet": "parquet", ".csv": "csv", ".json": "json"}[suffix],
+                                   data_files=str(path), split="train", keep_in_memory=True)
+        for i, row in enumerate(ds):
+            yield from _scan_value(str(path), i + 1, row, categories)
+        return
+    if _is_binary(path):
+        return
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for number, line in enumerate(handle, start=1):
+            kinds = active_kinds(line)  # once per line: a superset for every field in it
+            if not kinds:
+                continue
+            if suffix in (".jsonl", ".ndjson", ".json"):
+                try:
+                    value = json.loads(line)
+                except ValueError:
+                    value = None
+                if value is not None:
+                    yield from _scan_value(str(path), number, value, categories, kinds)
+                    continue
+            for finding in scan_text(line, categories, kinds):
+                yield Located(str(path), number, "text", finding)
+
+
+def _scan_value(file: str, line: int, value, categories, kinds=None) -> Iterator[Located]:
+    for field, text in iter_strings(value):
+        for finding in scan_text(text, categories, kinds):
+            yield Located(file, line, field, finding)
+
+
+def _starts_with(path: Path, prefix: bytes) -> bool:
+    with open(path, "rb") as handle:
+        return handle.read(64).lstrip().startswith(prefix)
+
+
+def _is_binary(path: Path) -> bool:
+    with open(path, "rb") as handle:
+        return b"\0" in handle.read(8192)
+
+
+def scan_files(paths: Iterable[Path], categories: frozenset[str]) -> tuple[list[Located], int, float]:
+    """(findings, bytes scanned, seconds)."""
+    start = time.perf_counter()
+    found, scanned = [], 0
+    for path in paths:
+        path = Path(path)
+        if path.is_file():
+            scanned += path.stat().st_size
+            found.extend(scan_file(path, categories))
+    return found, scanned, time.perf_counter() - start
+
+
+# ---- backups -------------------------------------------------------------------------------
+ENCRYPTED_MAGIC = (b"age-encryption.org/", b"-----BEGIN AGE ENCRYPTED", b"-----BEGIN PGP MESSAGE", b"Salted__")
+PLAIN_MAGIC = (b"PK\x03\x04", b"\x1f\x8b", b"(\xb5/\xfd", b"\xfd7zXZ", b"PAR1", b"BZh", b"SQLite format 3")
+
+
+def looks_encrypted(path: Path) -> bool:
+    """Known encryption headers, or bytes as random as ciphertext that are no known container."""
+    with open(path, "rb") as handle:
+        head = handle.read(65536)
+    if not head:
+        return False
+    if head.startswith(ENCRYPTED_MAGIC):
+        return True
+    if head.startswith(PLAIN_MAGIC):
+        return False
+    counts = Counter(head)
+    entropy = -sum(c / len(head) * math.log2(c / len(head)) for c in counts.values())
+    return entropy > 7.5 and len(head) >= 1024

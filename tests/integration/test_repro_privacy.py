@@ -1,0 +1,161 @@
+"""Reproducibility and privacy checks, in-process on the tiny recipe, and one plugin run whose
+every output channel is searched for planted secrets."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_ftready.checks.base import Fail, Skip
+from tests import planted
+
+
+def fails(run_check, state, check_id, *expected):
+    with pytest.raises(Fail) as info:
+        run_check(state, check_id)
+    for text in expected:
+        assert text in str(info.value), str(info.value)
+    return str(info.value)
+
+
+# ---- pins -------------------------------------------------------------------------------------
+def test_pins_match_mismatch_and_branch_revision(make_state, run_check, tiny_example):
+    import importlib.metadata as md
+
+    torch_version = md.version("torch")
+    lock = tiny_example / "requirements.lock"
+    lock.write_text(f"torch=={torch_version}\npyrsistent=={md.version('pyrsistent')}\n# comment\nrequests>=2\n")
+    recipe = tiny_example / "recipe.toml"
+    recipe.write_text(recipe.read_text() + '\n[pins]\nlockfile = "requirements.lock"\n')
+    state = make_state()
+    measured = {m.name: m.value for m in run_check(state, "repro.pins").measured}
+    assert measured["pinned_packages"] == 2 and len(measured["model_folder_sha256"]) == 64
+    lock.write_text("torch==1.0.0\npeft==0.0.1\n")
+    fails(run_check, state, "repro.pins", "2 installed package(s) differ", f"torch: pinned 1.0.0, installed {torch_version}",
+          "peft: pinned 0.0.1")
+
+
+def test_uv_lock_and_recipe_pins(tmp_path):
+    from pytest_ftready.pins import read_lockfile
+
+    (tmp_path / "uv.lock").write_text('version = 1\n[[package]]\nname = "Torch"\nversion = "2.5.1"\n'
+                                      '[[package]]\nname = "my_pkg"\nversion = "1.0"\n')
+    assert read_lockfile(tmp_path / "uv.lock") == {"torch": "2.5.1", "my-pkg": "1.0"}
+
+
+def test_a_hub_revision_that_is_a_branch_fails(tmp_path, run_check):
+    from pytest_ftready.checks.base import all_checks
+    from pytest_ftready.recipe import parse_recipe
+    from pytest_ftready.session import RunState
+    from tests import fakes
+
+    all_checks()
+    (tmp_path / "t.jsonl").write_text("{}\n")
+    recipe = parse_recipe('[model]\nid = "org/model"\nrevision = "main"\n[data]\ntrain = ["t.jsonl"]\n'
+                          '[pins]\npackages = { pyrsistent = "0.20.0" }\n', tmp_path / "r.toml")
+    state = RunState(artifacts_root=tmp_path, machine_factory=fakes.cpu_only).recipe_state(recipe)
+    fails(run_check, state, "repro.pins", "revision 'main' is a branch or tag, not a commit",
+          "HfApi().model_info('org/model', revision='main').sha")
+
+
+# ---- config and manifest --------------------------------------------------------------------
+def test_config_is_written_and_seeds_apply(make_state, run_check):
+    state = make_state()
+    run_check(state, "repro.config")
+    written = json.loads((state.artifacts / "config.json").read_text())
+    assert written["seeds"]["torch"] == 42 and written["recipe"]["data"]["max_length"] == 128
+    assert oct((state.artifacts / "config.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_manifest_match_change_missing_and_written_then_verified(make_state, run_check, tiny_example):
+    from pytest_ftready.manifest import main
+
+    state = make_state()
+    run_check(state, "repro.manifest")  # the committed example manifest matches the generated data
+    data = tiny_example / "data" / "train.jsonl"
+    data.write_text(data.read_text().replace("likes", "loves", 1))
+    fails(run_check, state, "repro.manifest", "train.jsonl: sha256")
+    assert main(["write", str(tiny_example / "recipe.toml")]) == 0
+    run_check(state, "repro.manifest")
+    data.unlink()
+    fails(run_check, state, "repro.manifest", "train.jsonl: missing on disk")
+    (tiny_example / "data" / "MANIFEST.json").unlink()
+    fails(run_check, state, "repro.manifest", "does not exist: write it with `ftready-manifest write")
+
+
+# ---- permissions, license, retention ------------------------------------------------------------
+def test_world_readable_data_fails_with_its_fix(make_state, run_check):
+    import shutil
+    import tempfile
+
+    state = make_state()
+    run_check(state, "privacy.permissions")  # everything below a 0700 pytest temp folder: private
+    shared = Path(tempfile.mkdtemp(prefix="ftready-shared-"))  # /tmp is traversable by everyone
+    try:
+        shared.chmod(0o755)
+        data = shared / "train.jsonl"
+        data.write_text((state.recipe.folder / "data" / "train.jsonl").read_text())
+        data.chmod(0o644)
+        state = make_state(train=f'["{data}"]')
+        fails(run_check, state, "privacy.permissions", f"{data} (mode 0644) is reachable by group and others",
+              f"chmod go-rwx {data}")
+        shared.chmod(0o700)  # the same 0644 file inside a private folder is private
+        run_check(make_state(), "privacy.permissions")
+    finally:
+        shutil.rmtree(shared)
+
+
+def test_license_allowed_not_allowed_and_unknown(make_state, run_check, tiny_example):
+    run_check(make_state(), "privacy.license")
+    state = make_state(license='"llama3.1"')
+    fails(run_check, state, "privacy.license", "licensed 'llama3.1' (the recipe's [model] license), not one of")
+    (tiny_example / "model").unlink()
+    (tiny_example / "model").mkdir()
+    (tiny_example / "model" / "config.json").write_text("{}")
+    (tiny_example / "model" / "README.md").write_text("---\nlicense: other\nlicense_name: gemma\n---\n# card\n")
+    state = make_state(license='""')
+    fails(run_check, state, "privacy.license", "licensed 'gemma' (README.md front matter)")
+    (tiny_example / "model" / "README.md").write_text("# a card without front matter\n")
+    fails(run_check, make_state(), "privacy.license", "the model's license is unknown")
+
+
+def test_retention_and_backups(make_state, run_check, tiny_example):
+    state = make_state()
+    run_check(state, "privacy.retention")
+    backups = tiny_example / "backups"
+    backups.mkdir()
+    (backups / "train.jsonl.bak").write_text('{"messages": []}\n' * 100)
+    (backups / "train.jsonl.age").write_bytes(b"age-encryption.org/v1\n" + os.urandom(2048))
+    old = state.artifacts / "old.log"
+    old.parent.mkdir(parents=True, exist_ok=True)
+    old.write_text("x")
+    os.utime(old, (time.time() - 100 * 86400,) * 2)
+    message = fails(run_check, state, "privacy.retention", "1 backup file(s)", "train.jsonl.bak",
+                    "1 artifact(s) are older than retention_days = 90", "old.log")
+    assert "train.jsonl.age" not in message
+
+
+# ---- secrets and personal data, end to end ------------------------------------------------------
+def test_planted_data_is_found_and_never_printed_anywhere(pytester, tiny_example):
+    data = tiny_example / "data" / "train.jsonl"
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    for i, row in enumerate(planted.rows()):
+        rows[i]["messages"][-1]["content"] = row["messages"][0]["content"]  # secrets in trained text too
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    arts = pytester.path / "arts"
+    result = pytester.runpytest_subprocess(f"--ftready={tiny_example / 'recipe.toml'}", "--junitxml=out.xml",
+                                           "--benchmark-json=bench.json", f"--ftready-artifacts={arts}", "-rA", "-v")
+    outputs = {"terminal": result.stdout.str() + result.stderr.str()}
+    for path in [pytester.path / "out.xml", pytester.path / "bench.json", *arts.rglob("*")]:
+        if path.is_file() and path.suffix in (".xml", ".json", ".html", ".txt", ".md", ""):
+            outputs[str(path)] = path.read_text(errors="replace")
+    assert "privacy.secrets FAILED" in outputs["terminal"] and "privacy.pii FAILED" in outputs["terminal"]
+    assert "15 secret finding(s)" in outputs["terminal"]
+    assert (arts / "tiny" / "masking.html").is_file()
+    for value in planted.planted_values():
+        for channel, text in outputs.items():
+            assert value not in text, f"planted value leaked into {channel}"
