@@ -22,12 +22,25 @@ class RunState:
     recipe_paths: list[Path] = field(default_factory=list)
     cpu_short: bool = False
     hub_timeout_s: float = 10.0
+    hub_factory: Optional[Callable[[], Any]] = None  # -> hub.Hub; default: the real hub and its cache
+    free_bytes: Optional[Callable[[Path], int]] = None  # -> free bytes on a path's disk (tests: a small disk)
     recipes: dict[Path, "RecipeState"] = field(default_factory=dict)
     measurements: list[Measurement] = field(default_factory=list)
 
     @cached_property
     def machine(self) -> Machine:
         return self.machine_factory()
+
+    @cached_property
+    def hub(self):
+        from .hub import RealHub
+
+        return self.hub_factory() if self.hub_factory else RealHub()
+
+    def disk_free(self, path: Path) -> int:
+        from .hub import free_bytes
+
+        return (self.free_bytes or free_bytes)(path)
 
     def recipe_state(self, recipe: Recipe) -> "RecipeState":
         state = self.recipes.get(recipe.source)

@@ -63,7 +63,7 @@ def check(id: str, *, stage: int, accelerator: bool = False, nightly: bool = Fal
 
 def all_checks() -> list[CheckSpec]:
     """Every check, in run order (stage, then id). Imports the check modules once."""
-    from . import data, lifecycle, model, privacy, repro, stack  # noqa: F401
+    from . import checkpoint, data, headroom, lifecycle, model, privacy, repro, stack  # noqa: F401
 
     return sorted(REGISTRY.values(), key=lambda spec: (spec.stage, spec.id))
 

@@ -1,0 +1,72 @@
+"""Headroom checks: the whole run's checkpoints, logs and evaluation fit on the disk, and the
+measured throughput finishes the data within the time budget."""
+
+from __future__ import annotations
+
+from ..report import human_bytes
+from .base import STAGES, Fail, Skip, check
+
+
+@check("headroom.disk", stage=STAGES["headroom"], requires=("lifecycle.resume",))
+def disk(ctx) -> None:
+    """Checkpoints x save_total_limit + logs + evaluation outputs fit in free space on output_dir's disk."""
+    recipe, state = ctx.recipe, ctx.state
+    checkpoint = state.results.get("checkpoint_bytes")
+    if checkpoint is None:
+        raise Skip("no checkpoint of this recipe was measured (lifecycle.resume did not run)")
+    keep = recipe.training.save_total_limit
+    budget = recipe.budget
+    exports = state.results["step"].breakdown.weights_bytes if recipe.export.format != "none" and "step" in state.results else 0
+    need = checkpoint * keep + budget.log_bytes + budget.eval_bytes + exports
+    free = state.run.disk_free(recipe.training.output_dir)
+    usable = int(free * (1 - budget.disk_headroom))
+    ctx.measure("checkpoint_bytes", checkpoint, "bytes")
+    ctx.measure("checkpoints_kept", keep, "checkpoints")
+    ctx.measure("run_disk_bytes", need, "bytes")
+    ctx.measure("disk_free", free, "bytes")
+    if need > usable:
+        raise Fail(f"the run writes {human_bytes(need)} ({keep} checkpoints of {human_bytes(checkpoint)}, logs "
+                   f"{human_bytes(budget.log_bytes)}, evaluation {human_bytes(budget.eval_bytes)}"
+                   + (f", export {human_bytes(exports)}" if exports else "")
+                   + f") but {recipe.training.output_dir} has {human_bytes(usable)} usable ({human_bytes(free)} free "
+                   f"less the {budget.disk_headroom:.0%} disk_headroom): lower save_total_limit or free space")
+
+
+def tokens_to_process(lengths: list[int], micro_batch: int, packing: bool, max_length: int) -> int:
+    """Token positions one epoch processes: padded to the longest in each micro-batch, or packed."""
+    if packing:
+        return sum(lengths)
+    total = 0
+    for start in range(0, len(lengths), micro_batch):
+        batch = lengths[start:start + micro_batch]
+        total += max(batch) * len(batch)
+    return total
+
+
+@check("headroom.time", stage=STAGES["headroom"] + 1, requires=("model.step_memory",))
+def time_(ctx) -> None:
+    """Tokens to train / measured tokens per second, plus evaluation and retry margin, fits max_hours."""
+    recipe, state = ctx.recipe, ctx.state
+    rate, source = None, ""
+    sustained = state.results.get("sustained_tokens_per_s")
+    if sustained:
+        rate, source = sustained, "sustained.throughput"
+    elif "step" in state.results:
+        rate, source = state.results["step"].tokens_per_s, "model.step_memory (worst-case batch)"
+    if not rate:
+        raise Skip("no measured throughput (model.step_memory did not run)")
+    lengths = [e.length for e in state.trainable_examples]
+    per_epoch = tokens_to_process(lengths, recipe.training.micro_batch_size, recipe.data.packing, recipe.data.max_length)
+    tokens = per_epoch * recipe.training.epochs
+    budget = recipe.budget
+    train_h = tokens / rate / 3600
+    eta_h = train_h * (1 + budget.eval_share) * (1 + budget.time_headroom)
+    ctx.measure("tokens_to_train", int(tokens), "tokens")
+    ctx.measure("throughput_used", rate, "tokens/s")
+    ctx.measure("throughput_source", source, "")
+    ctx.measure("eta_training", train_h, "h", estimate=True)
+    ctx.measure("eta_with_margins", eta_h, "h", estimate=True)
+    if eta_h > budget.max_hours:
+        raise Fail(f"the run needs ~{eta_h:.1f} h ({tokens:,.0f} tokens at {rate:,.0f} tokens/s from {source} = "
+                   f"{train_h:.1f} h, + {budget.eval_share:.0%} evaluation, + {budget.time_headroom:.0%} retries) but "
+                   f"max_hours is {budget.max_hours}: fewer epochs or tokens, a faster lever (levers.sweep), or more time")
