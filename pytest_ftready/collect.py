@@ -30,9 +30,10 @@ class RecipeFile(pytest.File):
                                                         "unknown check" + _did_you_mean(check_id, sorted(known)))))
         run = self.config.stash[RUN_KEY]
         prefix = f"{recipe.name}/" if len(run.recipe_paths) > 1 else ""
-        for spec in specs:
-            item = CheckItem.from_parent(self, name=prefix + spec.id, callobj=_check_function,
-                                         spec=spec, recipe=recipe)
+        for spec, param_id, param in _expand(specs, recipe):
+            name = prefix + spec.id + (f"[{param_id}]" if param_id else "")
+            item = CheckItem.from_parent(self, name=name, callobj=_check_function, spec=spec, recipe=recipe,
+                                         param=param)
             item.add_marker("ftready")
             item.add_marker(f"ftready_{spec.area}")
             if spec.accelerator:
@@ -45,11 +46,21 @@ class RecipeFile(pytest.File):
             yield item
 
 
+def _expand(specs, recipe):
+    for spec in specs:
+        if spec.params is None:
+            yield spec, "", None
+        else:
+            for param_id, value in spec.params(recipe):
+                yield spec, param_id, value
+
+
 class CheckItem(pytest.Function):
-    def __init__(self, *, spec: CheckSpec, recipe, **kwargs) -> None:
+    def __init__(self, *, spec: CheckSpec, recipe, param=None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.spec = spec
         self.recipe = recipe
+        self.param = param
 
     @property
     def state(self):
@@ -67,7 +78,8 @@ class CheckItem(pytest.Function):
             outcome = "skipped"
             raise
         finally:
-            self.state.outcomes[self.spec.id] = outcome
+            if self.state.outcomes.get(self.spec.id) != "failed":  # one failed variant fails the id
+                self.state.outcomes[self.spec.id] = outcome
 
     def run_check(self, request) -> None:
         from .context import CheckContext
@@ -86,7 +98,7 @@ class CheckItem(pytest.Function):
         if self.config.pluginmanager.hasplugin("benchmark"):
             bench = lambda: request.getfixturevalue("benchmark")  # noqa: E731 - lazily, only when timing
         ctx = CheckContext(state, self.spec, self.user_properties, bench,
-                           request.getfixturevalue("record_testsuite_property"))
+                           request.getfixturevalue("record_testsuite_property"), param=self.param)
         try:
             self.spec.body(ctx)
         except Fail as exc:  # messages may quote user data: never let a secret through

@@ -13,8 +13,9 @@ from .session import RecipeState
 class CheckContext:
     def __init__(self, state: RecipeState, spec: CheckSpec, user_properties: Optional[list] = None,
                  benchmark: Optional[Callable[[], Any]] = None,
-                 suite_property: Optional[Callable[[str, Any], None]] = None) -> None:
+                 suite_property: Optional[Callable[[str, Any], None]] = None, param: Any = None) -> None:
         self.state = state
+        self.param = param
         self.spec = spec
         self.user_properties = user_properties if user_properties is not None else []
         self._benchmark_factory = benchmark

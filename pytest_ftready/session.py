@@ -24,6 +24,7 @@ class RunState:
     hub_timeout_s: float = 10.0
     hub_factory: Optional[Callable[[], Any]] = None  # -> hub.Hub; default: the real hub and its cache
     free_bytes: Optional[Callable[[Path], int]] = None  # -> free bytes on a path's disk (tests: a small disk)
+    telemetry_factory: Optional[Callable[..., Any]] = None  # (device, machine) -> (sources, missing); tests: fake NVML
     recipes: dict[Path, "RecipeState"] = field(default_factory=dict)
     measurements: list[Measurement] = field(default_factory=list)
 

@@ -95,10 +95,23 @@ def lora_config(recipe):
                       task_type="CAUSAL_LM")
 
 
+def set_checkpointing(model, on: bool) -> None:
+    """Activation checkpointing on or off (transformers >= 5.2 names it activation_checkpointing_*)."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        if on:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.activation_checkpointing_disable()
+    elif on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()
+
+
 def make_trainable(base, recipe):
     """Wrap the base model as the recipe trains it (LoRA adapter or full), in train mode."""
     if recipe.training.gradient_checkpointing:
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        set_checkpointing(base, True)
     if recipe.adapter.method == "lora":
         if recipe.model.quantization != "none":
             from peft import prepare_model_for_kbit_training
@@ -129,7 +142,7 @@ def release_trainable(model, recipe):
     """Undo make_trainable on the shared base model (remove LoRA layers, checkpointing)."""
     base = model.unload() if recipe.adapter.method == "lora" else model
     if recipe.training.gradient_checkpointing:
-        base.gradient_checkpointing_disable()
+        set_checkpointing(base, False)
     base.eval()
     for p in base.parameters():
         p.requires_grad_(False)
@@ -137,13 +150,14 @@ def release_trainable(model, recipe):
 
 
 @contextmanager
-def trainable(state) -> Iterator[Any]:
+def trainable(state, recipe=None) -> Iterator[Any]:
     """A freshly initialised trainable model for one check. LoRA reuses the session's base
-    model and removes its layers afterwards; a full fine-tune trains a fresh copy."""
+    model and removes its layers afterwards; a full fine-tune trains a fresh copy.
+    ``recipe``: a variant of the state's recipe (levers.sweep)."""
     from .loading import load_model
     from .memory import free_device_memory
 
-    recipe = state.recipe
+    recipe = recipe or state.recipe
     seed_everything(recipe.training.seed)
     base = state.model if recipe.adapter.method == "lora" else load_model(recipe, state.device.torch_device)
     model = make_trainable(base, recipe)
@@ -297,7 +311,7 @@ def resume_and_train(recipe, base, folder: Path, steps: int, device: str, pad_id
         from peft import PeftModel
 
         if recipe.training.gradient_checkpointing:
-            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            set_checkpointing(base, True)
         model = PeftModel.from_pretrained(base, str(Path(folder) / "weights"), is_trainable=True)
     else:
         model = make_trainable(_load_full(recipe, folder, device), recipe)

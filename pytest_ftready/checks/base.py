@@ -37,6 +37,8 @@ class CheckSpec:
     requires: tuple[str, ...] = ()
     # recipe -> reason the check does not apply to it (the item is then skipped with it)
     applies: Optional[Callable[..., Optional[str]]] = None
+    # recipe -> [(param id, value)]: one item per value, named id[param id] (ctx.param)
+    params: Optional[Callable[..., list]] = None
 
     @property
     def area(self) -> str:
@@ -47,7 +49,7 @@ REGISTRY: dict[str, CheckSpec] = {}
 
 
 def check(id: str, *, stage: int, accelerator: bool = False, nightly: bool = False,
-          requires: tuple[str, ...] = (), applies: Callable | None = None) -> Callable:
+          requires: tuple[str, ...] = (), applies: Callable | None = None, params: Callable | None = None) -> Callable:
     """Register ``body(ctx)`` as the check ``id`` ("area.name")."""
 
     def register(body: Callable[..., None]) -> Callable[..., None]:
@@ -55,7 +57,7 @@ def check(id: str, *, stage: int, accelerator: bool = False, nightly: bool = Fal
             raise ValueError(f"check {id} registered twice")
         doc = (body.__doc__ or "").strip().splitlines()[0] if body.__doc__ else id
         REGISTRY[id] = CheckSpec(id=id, body=body, stage=stage, doc=doc, accelerator=accelerator,
-                                 nightly=nightly, requires=tuple(requires), applies=applies)
+                                 nightly=nightly, requires=tuple(requires), applies=applies, params=params)
         return body
 
     return register
@@ -63,7 +65,7 @@ def check(id: str, *, stage: int, accelerator: bool = False, nightly: bool = Fal
 
 def all_checks() -> list[CheckSpec]:
     """Every check, in run order (stage, then id). Imports the check modules once."""
-    from . import checkpoint, data, headroom, lifecycle, model, privacy, repro, stack  # noqa: F401
+    from . import checkpoint, data, headroom, levers, lifecycle, model, privacy, repro, stack, sustained  # noqa: F401
 
     return sorted(REGISTRY.values(), key=lambda spec: (spec.stage, spec.id))
 
