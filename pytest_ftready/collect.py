@@ -77,9 +77,10 @@ class CheckItem(pytest.Function):
         except pytest.skip.Exception:
             outcome = "skipped"
             raise
-        finally:
-            if self.state.outcomes.get(self.spec.id) != "failed":  # one failed variant fails the id
-                self.state.outcomes[self.spec.id] = outcome
+        finally:  # across the variants of one id: failed > passed > skipped
+            rank = {"skipped": 0, "passed": 1, "failed": 2}
+            previous = self.state.outcomes.get(self.spec.id, "skipped")
+            self.state.outcomes[self.spec.id] = max(previous, outcome, key=rank.__getitem__)
 
     def run_check(self, request) -> None:
         from .context import CheckContext

@@ -51,7 +51,17 @@ def pytest_configure(config) -> None:
         recipe_paths=recipes.value,
         cpu_short=config.getoption("ftready_cpu_short"),
         hub_timeout_s=config.getoption("ftready_hub_timeout") or 10.0,
+        progress=lambda line: _progress(config, line),
     )
+
+
+def _progress(config, line: str) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None or capture is None:
+        return
+    with capture.global_and_fixture_disabled():
+        reporter.write_line(line)
 
 
 def _machine(config):
@@ -97,6 +107,17 @@ def pytest_collection_modifyitems(config, items) -> None:
         items[:] = keep
 
 
+def pytest_runtest_setup(item) -> None:
+    """The accelerator marker on a user's own test: skipped with a reason where there is none."""
+    run = item.config.stash.get(RUN_KEY, None)
+    if run is None or hasattr(item, "spec") or item.get_closest_marker("accelerator") is None:
+        return
+    if run.machine.accelerator is None and not run.cpu_short:
+        from .devices import no_accelerator_reason
+
+        pytest.skip(f"needs a CUDA/ROCm GPU or an Apple GPU: {no_accelerator_reason(run.machine)}")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
@@ -122,6 +143,8 @@ def pytest_sessionfinish(session) -> None:
         report.write_json(state.artifacts / "measurements.json", report.measurements_payload(mine))
         if state.series:
             report.write_json(state.artifacts / "series.json", state.series)
+        report.write_private(state.artifacts / "report.html",
+                             report.html_report(state.recipe.name, mine, state.series, state.outcomes))
 
 
 @pytest.hookimpl(optionalhook=True)

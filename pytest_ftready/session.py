@@ -14,6 +14,8 @@ from .probes import Machine
 from .recipe import Recipe
 from .report import Measurement
 
+PROGRESS_ROWS = 5000  # datasets this long report their encoding progress
+
 
 @dataclass
 class RunState:
@@ -25,6 +27,7 @@ class RunState:
     hub_factory: Optional[Callable[[], Any]] = None  # -> hub.Hub; default: the real hub and its cache
     free_bytes: Optional[Callable[[Path], int]] = None  # -> free bytes on a path's disk (tests: a small disk)
     telemetry_factory: Optional[Callable[..., Any]] = None  # (device, machine) -> (sources, missing); tests: fake NVML
+    progress: Optional[Callable[[str], None]] = None  # a line for the terminal while long work runs
     recipes: dict[Path, "RecipeState"] = field(default_factory=dict)
     measurements: list[Measurement] = field(default_factory=list)
 
@@ -96,9 +99,19 @@ class RecipeState:
         """Every well-formed row, encoded: a list of ``Encoded``."""
         from .rows import row_problems
 
+        import time
+
         rows, _ = self.rows
         fmt, train_on = self.recipe.data.format, self.recipe.data.train_on
-        return [self.encoder.encode(row) for row in rows if not row_problems(row, fmt, train_on)]
+        encoder, out = self.encoder, []
+        last = time.monotonic()
+        for i, row in enumerate(rows, start=1):
+            if not row_problems(row, fmt, train_on):
+                out.append(encoder.encode(row))
+            if self.run.progress and len(rows) >= PROGRESS_ROWS and time.monotonic() - last > 2.0:
+                self.run.progress(f"ftready {self.recipe.name}: encoded {i:,} of {len(rows):,} rows")
+                last = time.monotonic()
+        return out
 
     @property
     def trainable_examples(self):

@@ -127,3 +127,13 @@ def test_several_recipes_prefix_ids_with_their_names(project):
     result = project.runpytest_subprocess("--ftready=recipe.toml", "--ftready=other.toml", "--collect-only", "-q")
     out = result.stdout.str()
     assert "recipe.toml::demo/repro.environment" in out and "other.toml::other/repro.environment" in out
+
+
+def test_measurements_reach_benchmark_json(pytester, tiny_example):
+    pytester.runpytest_subprocess(f"--ftready={tiny_example / 'recipe.toml'}", "-k", "step_memory or data.lengths",
+                                  "--benchmark-json=bench.json")
+    bench = json.loads((pytester.path / "bench.json").read_text())
+    step = next(b for b in bench["benchmarks"] if b["name"] == "model.step_memory")
+    assert step["extra_info"]["peak_tensor_bytes[bytes]"] > 0 and step["extra_info"]["step_tokens_per_s[tokens/s]"] > 0
+    names = {(m["check"], m["name"]) for m in bench["ftready"]}
+    assert ("data.lengths", "length_p95") in names and ("model.step_memory", "peak_host_step") in names

@@ -159,3 +159,24 @@ def test_planted_data_is_found_and_never_printed_anywhere(pytester, tiny_example
     for value in planted.planted_values():
         for channel, text in outputs.items():
             assert value not in text, f"planted value leaked into {channel}"
+
+
+def test_allowlist_accepts_known_findings_by_fingerprint(make_state, run_check, tiny_example):
+    from pytest_ftready.privacy import scan_file
+
+    data = tiny_example / "data" / "train.jsonl"
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    rows[0]["messages"][1]["content"] = f"Mail {planted.PII['email']} or call {planted.PII['phone']}"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    state = make_state()
+    with pytest.raises(Fail, match="2 personal data finding"):
+        run_check(state, "privacy.pii")
+    email = next(f for f in scan_file(data, frozenset({"pii"})) if f.finding.kind == "email")
+    (tiny_example / "accepted.txt").write_text(f"# our support address, public\n{email.finding.fingerprint}\n")
+    recipe = tiny_example / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace("retention_days = 90", 'retention_days = 90\nallowlist = "accepted.txt"'))
+    state = make_state()
+    with pytest.raises(Fail, match="1 personal data finding.*phone"):
+        run_check(state, "privacy.pii")
+    measured = {m.name: m.value for m in state.run.measurements if m.check == "privacy.pii"}
+    assert measured["pii_allowlisted"] == 1
