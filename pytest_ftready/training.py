@@ -87,6 +87,17 @@ class DataOrder:
 
 
 # ---- model, optimizer, schedule ------------------------------------------------------------
+@contextmanager
+def peft_quiet() -> Iterator[None]:
+    """PeftModel.__init__ reads transformers' deprecated ``is_gradient_checkpointing`` (a
+    FutureWarning since transformers 5.2): not the user's to fix, so not shown to them."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
+
+
 def lora_config(recipe):
     from peft import LoraConfig
 
@@ -123,7 +134,8 @@ def make_trainable(base, recipe):
         if missing:
             raise ValueError(f"[adapter] target_modules {missing} match no module of this model; its linear "
                              f"layers are named like {_linear_names(base)[:6]}")
-        model = get_peft_model(base, lora_config(recipe))
+        with peft_quiet():
+            model = get_peft_model(base, lora_config(recipe))
     else:
         model = base
         for p in model.parameters():
@@ -312,7 +324,8 @@ def resume_and_train(recipe, base, folder: Path, steps: int, device: str, pad_id
 
         if recipe.training.gradient_checkpointing:
             set_checkpointing(base, True)
-        model = PeftModel.from_pretrained(base, str(Path(folder) / "weights"), is_trainable=True)
+        with peft_quiet():
+            model = PeftModel.from_pretrained(base, str(Path(folder) / "weights"), is_trainable=True)
     else:
         model = make_trainable(_load_full(recipe, folder, device), recipe)
     model.train()

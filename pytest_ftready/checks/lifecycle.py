@@ -106,13 +106,14 @@ def verify_generation(state, device: str, merge=None) -> dict[str, list[int]]:
 
     from ..loading import load_model, torch_dtype
     from ..memory import free_device_memory
-    from ..training import greedy
+    from ..training import greedy, peft_quiet
 
     recipe, result = state.recipe, state.results["overfit"]
     pad, stops, n = state.tokenizer.pad_token_id, state.encoder.stop_ids, recipe.checks.max_new_tokens
     outputs = {}
     if recipe.adapter.method == "lora":
-        loaded = PeftModel.from_pretrained(load_model(recipe, device), str(result.adapter_dir))
+        with peft_quiet():
+            loaded = PeftModel.from_pretrained(load_model(recipe, device), str(result.adapter_dir))
         outputs["adapter"] = greedy(loaded, result.prompt_ids, n, stops, pad, device)
         merged_dir = state.artifacts / "merged-model"
         merge(loaded, merged_dir)
