@@ -21,7 +21,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 from .rows import Row
 
@@ -289,19 +289,26 @@ def _trim_after_stop(ids: list[int], trained: list[bool], stop_ids: frozenset[in
                 trained[k] = False
 
 
-def render_example(tokenizer, encoded: Encoded, limit: int = 400) -> str:
-    """Tokens side by side with their mask: trained tokens in [[...]], masked ones plain."""
-    parts, current, buf = [], None, []
+def mask_runs(tokenizer, encoded: Encoded, limit: Optional[int] = None) -> list[tuple[str, bool]]:
+    """The decoded text of each run of consecutive trained / masked tokens: (text, trained)."""
+    runs: list[tuple[str, bool]] = []
+    current, buf = None, []
     for token_id, label in zip(encoded.input_ids[:limit], encoded.labels[:limit]):
         flag = label != IGNORE_INDEX
         if flag != current and buf:
-            parts.append(_wrap(tokenizer.decode(buf), current))
+            runs.append((tokenizer.decode(buf), current))
             buf = []
         current = flag
         buf.append(token_id)
     if buf:
-        parts.append(_wrap(tokenizer.decode(buf), current))
-    return "".join(parts) + (" ..." if encoded.length > limit else "")
+        runs.append((tokenizer.decode(buf), current))
+    return runs
+
+
+def render_example(tokenizer, encoded: Encoded, limit: int = 400) -> str:
+    """Tokens side by side with their mask: trained tokens in [[...]], masked ones plain."""
+    text = "".join(_wrap(part, trained) for part, trained in mask_runs(tokenizer, encoded, limit))
+    return text + (" ..." if encoded.length > limit else "")
 
 
 def _wrap(text: str, trained: Optional[bool]) -> str:

@@ -3,7 +3,6 @@ and they fit on the disk that will hold them."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from ..hub import HubUnavailable, duplicates, folder_files, needed_files, repo_cache_dir
 from ..recipe import is_commit_hash

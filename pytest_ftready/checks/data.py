@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import html
-import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Iterable
 
-from ..encoding import IGNORE_INDEX, render_example
+from ..encoding import mask_runs, render_example
 from ..report import write_private
 from ..rows import row_problems
 from ..scan import redact
@@ -47,6 +46,17 @@ def problems_by_kind(encoded: Iterable, kinds: Iterable[str]) -> dict[str, list[
     return dict(found)
 
 
+def encoded_rows(ctx, purpose: str) -> list:
+    """The encoded rows, or a failure that says why there are none."""
+    try:
+        encoded = ctx.state.encoded
+    except ValueError as exc:  # no chat template, slow tokenizer, unknown stop token
+        raise Fail(str(exc)) from None
+    if not encoded:
+        raise Fail(f"no well-formed row to {purpose} (see data.format)")
+    return encoded
+
+
 def percentile(values: list[int], q: float) -> float:
     ordered = sorted(values)
     if not ordered:
@@ -70,16 +80,7 @@ def masking_report(tokenizer, examples: list, method: str) -> str:
     """HTML: each example's tokens, trained ones highlighted (personal data and secrets redacted)."""
     blocks = []
     for enc in examples:
-        pieces, current, buf = [], None, []
-        for token_id, label in zip(enc.input_ids, enc.labels):
-            flag = label != IGNORE_INDEX
-            if flag != current and buf:
-                pieces.append(_span(tokenizer.decode(buf), current))
-                buf = []
-            current = flag
-            buf.append(token_id)
-        if buf:
-            pieces.append(_span(tokenizer.decode(buf), current))
+        pieces = [_span(text, trained) for text, trained in mask_runs(tokenizer, enc)]
         issues = "".join(f"<li>{html.escape(kind)}: {html.escape(redact(detail))}</li>" for kind, detail in enc.problems)
         blocks.append(f"<h3>{html.escape(enc.row.where)}: {enc.trained} of {enc.length} tokens trained</h3>"
                       f"<pre>{''.join(pieces)}</pre><ul>{issues}</ul>")
@@ -153,12 +154,7 @@ def _template_source(recipe) -> str:
 def data_masking(ctx) -> None:
     """Labels are -100 exactly outside the trained spans; EOS trained; truncation does not eat responses."""
     state, recipe = ctx.state, ctx.recipe
-    try:
-        encoded = state.encoded
-    except ValueError as exc:
-        raise Fail(str(exc)) from None
-    if not encoded:
-        raise Fail("no well-formed row to check (see data.format)")
+    encoded = encoded_rows(ctx, "check")
     sample = [e for e in encoded if e.problems][: recipe.data.sample] or encoded[: recipe.data.sample]
     report = write_private(state.artifacts / "masking.html", masking_report(state.tokenizer, sample, state.encoder.method))
     ctx.user_properties.append(("masking_report", str(report)))
@@ -190,12 +186,7 @@ def data_masking(ctx) -> None:
 def data_lengths(ctx) -> None:
     """Token length distribution, truncation rate and padding waste at the recipe's micro-batch."""
     recipe, state = ctx.recipe, ctx.state
-    try:
-        encoded = state.encoded
-    except ValueError as exc:
-        raise Fail(str(exc)) from None
-    if not encoded:
-        raise Fail("no well-formed row to measure (see data.format)")
+    encoded = encoded_rows(ctx, "measure")
     full = [e.full_length for e in encoded]
     kept = [e.length for e in encoded]
     max_length = recipe.data.max_length

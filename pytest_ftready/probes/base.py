@@ -3,7 +3,7 @@ build one by hand (a fake machine), so checks never know where the numbers came 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 

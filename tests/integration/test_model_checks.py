@@ -5,7 +5,6 @@ that is too small."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 
@@ -41,7 +40,7 @@ def test_step_that_exceeds_the_device_fails_with_lever_advice(make_state, real_m
 
 def test_overfit_passes_and_generate_reloads_the_same_model(make_state, run_check):
     state = make_state()
-    ctx = run_check(state, "model.overfit")
+    run_check(state, "model.overfit")
     losses = state.series["model.overfit"]["loss"]
     assert losses[-1] <= 0.1 < losses[0]
     run_check(state, "lifecycle.generate")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ftready.checks.base import Fail, Skip
+from pytest_ftready.checks.base import Fail
 from tests import planted
 
 
