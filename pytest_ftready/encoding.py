@@ -17,10 +17,8 @@ that trains user tokens, or leaves the end-of-turn token out, is caught either w
 from __future__ import annotations
 
 import bisect
-import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterable, Optional
 
 from .rows import Row
@@ -48,20 +46,15 @@ class Encoded:
         return len(self.input_ids)
 
 
-def stop_token_ids(tokenizer, model_folder: Optional[Path], extra: Iterable[str] = ()) -> frozenset[int]:
+def stop_token_ids(tokenizer, generation_eos: Iterable[int] = (), extra: Iterable[str] = ()) -> frozenset[int]:
     """EOS, the generation config's eos ids, and the recipe's extra stop tokens."""
-    ids: set[int] = set()
+    ids: set[int] = {int(i) for i in generation_eos}
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
-    if model_folder is not None:
-        gen = Path(model_folder) / "generation_config.json"
-        if gen.is_file():
-            eos = json.loads(gen.read_text(encoding="utf-8")).get("eos_token_id")
-            ids.update(int(i) for i in (eos if isinstance(eos, list) else [eos]) if i is not None)
     for token in extra:
         token_id = tokenizer.convert_tokens_to_ids(token)
         if token_id is None or token_id == tokenizer.unk_token_id:
-            raise ValueError(f"stop token {token!r} is not in the tokenizer's vocabulary")
+            raise ValueError(f"[data] stop_tokens: {token!r} is not in the tokenizer's vocabulary")
         ids.add(int(token_id))
     return frozenset(ids)
 

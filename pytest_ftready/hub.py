@@ -37,10 +37,13 @@ class Hub(Protocol):
     def model_files(self, repo_id: str, revision: str, timeout_s: float) -> ModelFiles: ...
 
 
-def needed_files(files: dict[str, Optional[int]]) -> list[str]:
-    """Config, tokenizer and one copy of the weights (safetensors when the repo has them)."""
+def needed_files(files: dict[str, Optional[int]], gguf_file: str = "") -> list[str]:
+    """Config, tokenizer and one copy of the weights (the recipe's GGUF file if it names one,
+    else safetensors when the repo has them, else pytorch_model*.bin)."""
     top = [f for f in files if "/" not in f]
     keep = [f for f in top if f in CONFIG_FILES or f in TOKENIZER_FILES]
+    if gguf_file:
+        return sorted(set(keep + [gguf_file]))
     safetensors = [f for f in top if f.endswith(".safetensors") and not f.startswith("consolidated")]
     if safetensors:
         keep += safetensors + [f for f in top if f == "model.safetensors.index.json"]

@@ -11,9 +11,10 @@ from .recipe import Recipe
 
 def model_source(recipe: Recipe) -> tuple[str, dict[str, Any]]:
     m = recipe.model
+    extra = {"gguf_file": m.gguf_file} if m.gguf_file else {}
     if m.path:
-        return str(m.path), {}
-    return m.id, {"revision": m.revision}
+        return str(m.path), extra
+    return m.id, {"revision": m.revision, **extra}
 
 
 def torch_dtype(name: str):
@@ -65,12 +66,27 @@ def load_model(recipe: Recipe, torch_device: str, **overrides: Any):
 
 
 def model_config(recipe: Recipe) -> dict[str, Any]:
-    """config.json as a dict (local folder, or the hub cache when offline)."""
+    """config.json as a dict (local folder, GGUF metadata, or the hub / its cache)."""
     import json
 
-    if recipe.model.path:
-        return json.loads((Path(recipe.model.path) / "config.json").read_text(encoding="utf-8"))
+    config = Path(recipe.model.path) / "config.json" if recipe.model.path else None
+    if config is not None and config.is_file():
+        return json.loads(config.read_text(encoding="utf-8"))
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(recipe.model.id, revision=recipe.model.revision,
-                                      trust_remote_code=recipe.model.trust_remote_code).to_dict()
+    source, kwargs = model_source(recipe)
+    return AutoConfig.from_pretrained(source, trust_remote_code=recipe.model.trust_remote_code, **kwargs).to_dict()
+
+
+def generation_eos_ids(recipe: Recipe) -> list[int]:
+    """The eos ids of the model's generation config (Gemma and Llama-3 end turns with a token
+    that is not the tokenizer's EOS); [] when there is none."""
+    from transformers import GenerationConfig
+
+    source, kwargs = model_source(recipe)
+    kwargs.pop("gguf_file", None)
+    try:
+        eos = GenerationConfig.from_pretrained(source, **kwargs).eos_token_id
+    except (OSError, ValueError):  # no generation_config.json (or offline without it)
+        return []
+    return [int(i) for i in (eos if isinstance(eos, list) else [eos]) if i is not None]

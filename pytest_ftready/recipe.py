@@ -61,6 +61,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "id": _k("str", "", "hub id, e.g. meta-llama/Llama-3.1-8B-Instruct (exactly one of id/path)"),
         "path": _k("path", "", "local model folder (exactly one of id/path)", must_exist=True),
         "revision": _k("str", "", "hub commit (40 hex); required with id"),
+        "gguf_file": _k("str", "", "a .gguf file in the model folder/repo to load (dequantized by transformers)"),
         "dtype": _k("choice", "bfloat16", "training dtype", choices=DTYPES),
         "attn_implementation": _k("choice", "sdpa", "attention kernel", choices=ATTN),
         "quantization": _k("choice", "none", "bitsandbytes base quantization", choices=("none", "4bit", "8bit")),

@@ -82,6 +82,13 @@ def _nonempty_str(value: Any) -> bool:
     return isinstance(value, str) and value.strip() != ""
 
 
+def _content_ok(content: Any) -> bool:
+    """A non-empty string, or a non-empty list of typed parts (OpenAI / multimodal style)."""
+    if isinstance(content, list):
+        return bool(content) and all(isinstance(p, dict) and "type" in p for p in content)
+    return _nonempty_str(content)
+
+
 def row_problems(row: Row, fmt: str, train_on: str) -> list[str]:
     """What is wrong with one row's shape for ``fmt``; [] when it is usable."""
     data = row.data
@@ -102,8 +109,10 @@ def row_problems(row: Row, fmt: str, train_on: str) -> list[str]:
         role = message.get("role")
         if role not in ROLES:
             problems.append(f"messages[{i}].role is {role!r}; expected one of {', '.join(ROLES)}")
-        if not _nonempty_str(message.get("content")):
-            problems.append(f"messages[{i}] ({role}) has empty or non-string content")
+        tool_call = role == "assistant" and bool(message.get("tool_calls"))
+        if not (tool_call or _content_ok(message.get("content"))):
+            problems.append(f"messages[{i}] ({role}) has empty content (a string, or a list of "
+                            "{\"type\": \"text\", \"text\": ...} parts)")
     roles = [m.get("role") for m in messages if isinstance(m, dict)]
     if "assistant" not in roles:
         problems.append("has no assistant turn to train on")

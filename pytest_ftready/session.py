@@ -89,9 +89,9 @@ class RecipeState:
     @cached_property
     def encoder(self):
         from .encoding import Encoder, stop_token_ids
+        from .loading import generation_eos_ids
 
-        folder = Path(self.recipe.model.path) if self.recipe.model.path else None
-        stops = stop_token_ids(self.tokenizer, folder, self.recipe.data.stop_tokens)
+        stops = stop_token_ids(self.tokenizer, generation_eos_ids(self.recipe), self.recipe.data.stop_tokens)
         return Encoder(self.tokenizer, self.recipe.data, stops)
 
     @cached_property

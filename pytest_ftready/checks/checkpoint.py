@@ -49,14 +49,16 @@ def files(ctx) -> None:
     recipe = ctx.recipe
     found = model_files(ctx)
     sizes = found.sizes
-    needed = needed_files(sizes)
+    needed = needed_files(sizes, recipe.model.gguf_file)
     extra = duplicates(sizes, needed)
     ctx.measure("allow_patterns", ", ".join(needed), "")
     ctx.measure("needed_files", len(needed), "files")
     ctx.measure("duplicate_weight_files", len(extra), "files")
-    if not any(f.endswith((".safetensors", ".bin")) for f in needed):
+    if recipe.model.gguf_file and recipe.model.gguf_file not in sizes:
+        raise Fail(f"gguf_file {recipe.model.gguf_file!r} is not among the model's files {sorted(sizes)[:10]}")
+    if not any(f.endswith((".safetensors", ".bin", ".gguf")) for f in needed):
         raise Fail(f"no loadable weights among {sorted(sizes)[:10]}: the model needs *.safetensors (or pytorch_model*.bin)")
-    if "config.json" not in needed:
+    if "config.json" not in needed and not recipe.model.gguf_file:
         raise Fail("config.json is missing from the model's files")
     if recipe.model.path:
         if extra:
@@ -79,7 +81,7 @@ def disk(ctx) -> None:
     recipe, state = ctx.recipe, ctx.state
     found = model_files(ctx)
     sizes = found.sizes
-    needed = needed_files(sizes)
+    needed = needed_files(sizes, recipe.model.gguf_file)
     unknown = [f for f in needed if sizes[f] is None]
     if unknown:
         raise Skip(f"the hub gave no size for {', '.join(unknown)}")

@@ -75,9 +75,12 @@ def sweep(ctx) -> None:
         if problem:
             raise Skip(f"not available on this device: {problem}")
     ctx.measure("is_recipe_setting", not ctx.param, "")
-    base_attn = state.model.config._attn_implementation
-    if variant.model.attn_implementation != base_attn and variant.adapter.method == "lora":
-        state.model.set_attn_implementation(variant.model.attn_implementation)
+    # LoRA trains on the shared base: switch its attention kernel for this variant and back.
+    # A full fine-tune loads a fresh model with the variant's kernel (training.trainable).
+    shared = state.model if variant.adapter.method == "lora" else None
+    base_attn = shared.config._attn_implementation if shared is not None else None
+    if shared is not None and variant.model.attn_implementation != base_attn:
+        shared.set_attn_implementation(variant.model.attn_implementation)
     batch = worst_case_batch(state.trainable_examples, variant.training.micro_batch_size, variant.data.max_length,
                              state.tokenizer.pad_token_id)
     group = f"levers.sweep {ctx.recipe.name}"
@@ -97,8 +100,8 @@ def sweep(ctx) -> None:
             peak_bytes = peak.device_reserved_bytes if peak.device_reserved_bytes is not None else weights + peak.tensor_bytes
             seconds = ctx.benchmark(lambda: train_step(model, optimizer, scheduler, [batch], device), group=group)
     finally:
-        if state.model.config._attn_implementation != base_attn:
-            state.model.set_attn_implementation(base_attn)
+        if shared is not None and shared.config._attn_implementation != base_attn:
+            shared.set_attn_implementation(base_attn)
     step_s = sorted(seconds)[len(seconds) // 2]
     ctx.measure("peak_memory", peak_bytes, "bytes")
     ctx.measure("tokens_per_s", batch["input_ids"].numel() / step_s, "tokens/s")

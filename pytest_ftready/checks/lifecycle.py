@@ -116,7 +116,13 @@ def verify_generation(state, device: str, merge=None) -> dict[str, list[int]]:
             loaded = PeftModel.from_pretrained(load_model(recipe, device), str(result.adapter_dir))
         outputs["adapter"] = greedy(loaded, result.prompt_ids, n, stops, pad, device)
         merged_dir = state.artifacts / "merged-model"
-        merge(loaded, merged_dir)
+        try:
+            merge(loaded, merged_dir)
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise Fail(f"the adapter reloads and generates, but the merged model cannot be saved: "
+                       f"{str(exc).splitlines()[0]}" + (" (transformers does not save models loaded from GGUF: "
+                       "merge onto a safetensors checkpoint of the same model, or ship the adapter)"
+                       if recipe.model.gguf_file else "")) from None
         del loaded
         free_device_memory(device)
     else:

@@ -273,6 +273,9 @@ def kernels(ctx) -> None:
     if recipe.model.attn_implementation == "sdpa":
         ctx.measure("sdpa_backends", sdpa_backends(machine, device, recipe.model.dtype), "")
     problems = [p for name, why in required if (p := kernel_problem(rows[name], why, recipe, machine, device))]
+    if recipe.model.gguf_file and not dict(machine.packages).get("gguf"):
+        problems.append(f"gguf_file = \"{recipe.model.gguf_file}\": transformers reads GGUF through the gguf "
+                        "package: pip install 'pytest-ftready[gguf]'")
     if recipe.training.compile:
         if device.kind in ("cuda", "rocm"):
             k = machine.kernel("triton")

@@ -81,7 +81,7 @@ def sustained_settings(ctx) -> tuple[float, float, float]:
     return c.warmup_seconds, c.sustained_seconds, c.window_seconds
 
 
-def run_sustained(state, device: str, warmup_s: float, total_s: float, sources) -> tuple[list[Step], object]:
+def run_sustained(state, device: str, warmup_s: float, total_s: float, sources) -> tuple[list[Step], object, int]:
     """Train the recipe's real step for warm-up + ``total_s`` seconds with telemetry sampling.
     Every step runs the worst-case batch (micro_batch x max_length of the longest rows), so
     windows do identical work and a drop is the machine's, not the data's."""
@@ -95,6 +95,7 @@ def run_sustained(state, device: str, warmup_s: float, total_s: float, sources) 
     positions, tokens = int(batch["input_ids"].numel()), int(batch["attention_mask"].sum())
     steps: list[Step] = []
     with trainable(state) as model:
+        params = sum(p.numel() for p in model.parameters())
         optimizer = make_optimizer(model, recipe)
         scheduler = make_scheduler(optimizer, recipe, 10 ** 9, constant=True)
         sync = _synchronizer(device)
@@ -110,7 +111,7 @@ def run_sustained(state, device: str, warmup_s: float, total_s: float, sources) 
                 sync()
                 t1 = time.perf_counter()
                 steps.append(Step(t1 - start, t1 - t0, positions, tokens))
-    return steps, sampler
+    return steps, sampler, params
 
 
 def _synchronizer(device: str):
@@ -123,7 +124,7 @@ def _synchronizer(device: str):
     return lambda: None
 
 
-def model_flops_utilization(state, tokens_per_s: float) -> float | None:
+def model_flops_utilization(state, params: int, tokens_per_s: float) -> float | None:
     """6 x parameters FLOPs per token against the device's dense peak (facts), None if unknown."""
     gpu = state.machine.gpus[0] if state.machine.gpus else None
     if gpu is None:
@@ -132,7 +133,6 @@ def model_flops_utilization(state, tokens_per_s: float) -> float | None:
     peak = row.get(state.recipe.model.dtype) if row else None
     if not peak:
         return None
-    params = sum(p.numel() for p in state.model.parameters())
     return 6 * params * tokens_per_s / (peak * 1e12)
 
 
@@ -147,7 +147,7 @@ def throughput(ctx) -> None:
     warmup_s, total_s, window_s = sustained_settings(ctx)
     factory = state.run.telemetry_factory or sources_for
     sources, missing = factory(ctx.device, ctx.machine)
-    steps, sampler = run_sustained(state, device, warmup_s, total_s, sources)
+    steps, sampler, params = run_sustained(state, device, warmup_s, total_s, sources)
     rates = windows(steps, window_s)
     state.results["telemetry"] = (sampler.samples, missing)
     state.results["sustained_windows"] = rates
@@ -173,7 +173,7 @@ def throughput(ctx) -> None:
     ctx.measure("step_seconds_p99", percentile(seconds, 0.99), "s")
     ctx.measure("telemetry_overhead", sampler.overhead_share, "share")
     ctx.measure("telemetry_missing", "; ".join(missing) or "none", "")
-    mfu = model_flops_utilization(state, median_rate)
+    mfu = model_flops_utilization(state, params, median_rate)
     if mfu is not None:
         ctx.measure("model_flops_utilization", mfu, "share", estimate=True)
     if drop > recipe.checks.max_throughput_drop:

@@ -14,7 +14,7 @@ from .torchinfo import read_torch
 PACKAGES = (
     "torch", "transformers", "peft", "datasets", "accelerate", "trl", "tokenizers", "safetensors",
     "huggingface-hub", "bitsandbytes", "flash-attn", "triton", "xformers", "liger-kernel", "deepspeed",
-    "mlx", "mlx-lm", "nvidia-ml-py", "amdsmi", "numpy", "pytest", "pytest-benchmark", "pytest-ftready",
+    "mlx", "mlx-lm", "nvidia-ml-py", "amdsmi", "gguf", "numpy", "pytest", "pytest-benchmark", "pytest-ftready",
 )
 
 

@@ -31,7 +31,7 @@ def encoder(tiny_model_dir):
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     data = SimpleNamespace(format="messages", train_on="assistant", max_length=128, add_special_tokens=False)
-    return Encoder(tok, data, stop_token_ids(tok, tiny_model_dir))
+    return Encoder(tok, data, stop_token_ids(tok))
 
 
 @pytest.mark.benchmark(group="data checks vs apply_chat_template, 20k rows")

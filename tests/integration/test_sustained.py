@@ -89,7 +89,7 @@ def gpu_state(make_state, monkeypatch):
                     sampler.sample()
             for i, (t, reading) in enumerate(sampler.samples):  # spread the readings over the run
                 sampler.samples[i] = (i * 10.0, reading)
-            return synthetic(rates), sampler
+            return synthetic(rates), sampler, 146_000
 
         monkeypatch.setattr(sustained, "run_sustained", fake_run)
         monkeypatch.setattr(type(state), "device", property(lambda self: types.SimpleNamespace(

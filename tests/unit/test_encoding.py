@@ -171,12 +171,32 @@ def test_render_example_marks_trained_tokens(encoder_for):
 @pytest.mark.parametrize("data, problem", [
     ({"messages": [{"role": "user", "content": "hi"}]}, "has no assistant turn"),
     ({"messages": [{"role": "human", "content": "hi"}, {"role": "assistant", "content": "x"}]}, "role is 'human'"),
-    ({"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "x"}]}, "empty or non-string"),
+    ({"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "x"}]}, "has empty content"),
     ({"messages": "hello"}, "non-empty list field 'messages'"),
     (["not", "an", "object"], "expected a JSON object"),
 ])
 def test_row_shapes(data, problem):
     assert any(problem in p for p in row_problems(Row("f.jsonl", 1, data), "messages", "assistant"))
+
+
+@pytest.mark.parametrize("data", [
+    {"messages": [{"role": "user", "content": "weather in Oslo?"},
+                  {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {
+                      "name": "weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+                  {"role": "tool", "content": "4 C, rain"}, {"role": "assistant", "content": "4 C and rain."}]},
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                  {"role": "assistant", "content": [{"type": "text", "text": "hello"}]}]},
+], ids=["tool-calls", "content-parts"])
+def test_tool_calls_and_content_parts_are_well_formed(data):
+    assert row_problems(Row("f.jsonl", 1, data), "messages", "assistant") == []
+
+
+def test_unknown_stop_token_is_named(base_tokenizers):
+    from pytest_ftready.encoding import stop_token_ids
+
+    with pytest.raises(ValueError, match=r"\[data\] stop_tokens: '<\|nope\|>' is not in the tokenizer's vocabulary"):
+        stop_token_ids(base_tokenizers["plain"], (), ["<|nope|>"])
+    assert stop_token_ids(base_tokenizers["plain"], [7], ["<|eot_id|>"]) >= {7, base_tokenizers["plain"].eos_token_id}
 
 
 def test_read_rows_reports_malformed_lines_and_keeps_reading(tmp_path):
