@@ -29,6 +29,12 @@ class RecipeFile(pytest.File):
                 raise self.CollectError(str(RecipeError(self.path, f"[checks] skip {check_id!r}",
                                                         "unknown check" + _did_you_mean(check_id, sorted(known)))))
         run = self.config.stash[RUN_KEY]
+        twin = next((s.recipe.source for s in run.recipes.values()
+                     if s.recipe.name == recipe.name and s.recipe.source != recipe.source), None)
+        if twin:
+            raise self.CollectError(str(RecipeError(self.path, "name", f"{recipe.name!r} is also the name of {twin}: "
+                                                    "give each recipe its own name (it names the artifacts folder)")))
+        run.recipe_state(recipe)
         prefix = f"{recipe.name}/" if len(run.recipe_paths) > 1 else ""
         for spec, param_id, param in _expand(specs, recipe):
             name = prefix + spec.id + (f"[{param_id}]" if param_id else "")

@@ -73,11 +73,28 @@ class RecipeState:
     def device(self) -> Device:
         return resolve_device(self.machine, self.recipe.hardware.device)
 
-    @cached_property
+    def _load_once(self, what: str, load: Callable[[], Any]) -> Any:
+        """Load once; a failure is remembered and becomes each asking check's failure (no retry
+        of a slow hub per check)."""
+        from .checks.base import Fail
+
+        key = f"load:{what}"
+        if key not in self.results:
+            try:
+                self.results[key] = load()
+            except Exception as exc:  # OSError, ValueError, ImportError...: all mean "cannot load"
+                source = self.recipe.model.path or f"{self.recipe.model.id}@{self.recipe.model.revision}"
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                self.results[key] = Fail(f"cannot load the {what} from {source}: {type(exc).__name__}: {first}")
+        if isinstance(self.results[key], Fail):
+            raise self.results[key]
+        return self.results[key]
+
+    @property
     def tokenizer(self):
         from .loading import load_tokenizer
 
-        return load_tokenizer(self.recipe)
+        return self._load_once("tokenizer", lambda: load_tokenizer(self.recipe))
 
     @cached_property
     def rows(self):
@@ -129,12 +146,12 @@ class RecipeState:
             {"input_ids": list(e.input_ids), "attention_mask": [1] * e.length, "labels": list(e.labels),
              "source": e.row.where} for e in self.trainable_examples])
 
-    @cached_property
+    @property
     def model(self):
         """The base model, loaded once per recipe per session."""
         from .loading import load_model
 
-        return load_model(self.recipe, self.device.torch_device)
+        return self._load_once("model", lambda: load_model(self.recipe, self.device.torch_device))
 
     def record(self, check: str, name: str, value: Any, unit: str, estimate: bool = False) -> Measurement:
         m = Measurement(recipe=self.recipe.name, check=check, name=name, value=value, unit=unit, estimate=estimate)

@@ -44,9 +44,9 @@ def private_paths(state) -> list[Path]:
     if recipe.model.path:
         paths.append(recipe.model.path)
     else:
-        from huggingface_hub import constants
+        from ..hub import repo_cache_dir
 
-        paths.append(Path(constants.HF_HUB_CACHE))
+        paths.append(repo_cache_dir(recipe.model.id))
     return [Path(p) for p in paths]
 
 

@@ -137,3 +137,19 @@ def test_measurements_reach_benchmark_json(pytester, tiny_example):
     assert step["extra_info"]["peak_tensor_bytes[bytes]"] > 0 and step["extra_info"]["step_tokens_per_s[tokens/s]"] > 0
     names = {(m["check"], m["name"]) for m in bench["ftready"]}
     assert ("data.lengths", "length_p95") in names and ("model.step_memory", "peak_host_step") in names
+
+
+def test_two_recipes_with_one_name_are_refused(project):
+    (project.path / "sub").mkdir()
+    (project.path / "sub" / "model").mkdir()
+    (project.path / "sub" / "train.jsonl").write_text("{}\n")
+    (project.path / "sub" / "recipe.toml").write_text(RECIPE.format(name="demo"))
+    result = project.runpytest_subprocess("--ftready=recipe.toml", "--ftready=sub/recipe.toml", "--collect-only")
+    result.stdout.fnmatch_lines(["*Invalid recipe *sub/recipe.toml name: 'demo' is also the name of *recipe.toml*"])
+
+
+def test_a_model_that_cannot_load_fails_each_check_once_and_clearly(project):
+    (project.path / "model" / "config.json").write_text("{not json")
+    result = project.runpytest_subprocess("--ftready=recipe.toml", "-k", "data.template or data.masking", "-rf")
+    result.stdout.fnmatch_lines(["*cannot load the tokenizer from *model: *"])
+    assert "Traceback" not in result.stdout.str()
