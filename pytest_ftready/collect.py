@@ -96,6 +96,7 @@ class CheckItem(pytest.Function):
         state = self.state
         failed = state.failed_prerequisite(self.spec.requires)
         if failed:
+            state.blocked[self.spec.id] = failed
             pytest.skip(f"{failed} failed; fix correctness before measuring this")
         device = state.device
         if self.spec.accelerator and not device.is_accelerator and not state.run.cpu_short:
@@ -106,11 +107,17 @@ class CheckItem(pytest.Function):
             bench = lambda: request.getfixturevalue("benchmark")  # noqa: E731 - lazily, only when timing
         ctx = CheckContext(state, self.spec, self.user_properties, bench,
                            request.getfixturevalue("record_testsuite_property"), param=self.param)
+        verdict = None
         try:
             self.spec.body(ctx)
         except Fail as exc:  # messages may quote user data: never let a secret through
-            pytest.fail(redact(str(exc)), pytrace=False)
+            verdict = (pytest.fail, redact(str(exc)))
         except Skip as exc:
-            pytest.skip(redact(str(exc)))
+            verdict = (pytest.skip, redact(str(exc)))
         finally:
             ctx.finish()
+        if verdict is not None:  # raised outside the handler: the report shows the message once
+            outcome, message = verdict
+            if outcome is pytest.fail:
+                pytest.fail(message, pytrace=False)
+            pytest.skip(message)

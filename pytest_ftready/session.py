@@ -58,6 +58,7 @@ class RecipeState:
     recipe: Recipe
     run: RunState
     outcomes: dict[str, str] = field(default_factory=dict)  # check id -> passed | failed | skipped
+    blocked: dict[str, str] = field(default_factory=dict)  # check id -> the failed check that stopped it
     results: dict[str, Any] = field(default_factory=dict)  # what one check hands to later ones
     series: dict[str, dict[str, list]] = field(default_factory=dict)  # check -> name -> values
 
@@ -162,7 +163,11 @@ class RecipeState:
         self.series.setdefault(check, {})[name] = list(values)
 
     def failed_prerequisite(self, requires: tuple[str, ...]) -> Optional[str]:
+        """The failed check behind a prerequisite: one that failed, or that was itself stopped
+        by a failure further up (data.masking -> model.overfit -> lifecycle.generate)."""
         for check_id in requires:
             if self.outcomes.get(check_id) == "failed":
                 return check_id
+            if check_id in self.blocked:
+                return self.blocked[check_id]
         return None

@@ -132,8 +132,10 @@ def make_trainable(base, recipe):
 
         missing = [m for m in recipe.adapter.target_modules if not any(n.endswith(m) for n, _ in base.named_modules())]
         if missing:
-            raise ValueError(f"[adapter] target_modules {missing} match no module of this model; its linear "
-                             f"layers are named like {_linear_names(base)[:6]}")
+            from .checks.base import Fail
+
+            raise Fail(f"[adapter] target_modules {missing} match no module of this model; its linear "
+                       f"layers are named like {_linear_names(base)[:8]}")
         with peft_quiet():
             model = get_peft_model(base, lora_config(recipe))
     else:
@@ -199,7 +201,9 @@ def make_optimizer(model, recipe, learning_rate: Optional[float] = None):
     try:
         import bitsandbytes as bnb
     except ImportError:
-        raise ValueError("optimizer = \"adamw_8bit\" needs bitsandbytes: pip install 'pytest-ftready[quant]'") from None
+        from .checks.base import Fail
+
+        raise Fail("optimizer = \"adamw_8bit\" needs bitsandbytes: pip install 'pytest-ftready[quant]'") from None
     return bnb.optim.AdamW8bit(params, lr=lr, weight_decay=recipe.training.weight_decay)
 
 

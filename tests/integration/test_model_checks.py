@@ -134,3 +134,17 @@ def test_packing_that_leaks_across_examples_fails(make_state, monkeypatch, run_c
     state.model.set_attn_implementation("eager")
     ctx = run_check(state, "data.packing")
     assert {m.name: m.value for m in ctx.measured}["packing_max_loss_difference"] < 1e-4
+
+
+def test_a_failure_stops_the_whole_chain_below_it(pytester, tiny_example, edit_recipe):
+    from tests.integration.test_data_checks import outcomes
+
+    recipe = edit_recipe(tiny_example / "recipe.toml", target_modules='["query"]')
+    result = pytester.runpytest_subprocess(f"--ftready={recipe}", "-k", "model or lifecycle or headroom",
+                                           "--junitxml=out.xml")
+    found = outcomes(pytester.path / "out.xml")
+    assert found["model.step_memory"][0] == "failed"
+    assert "target_modules ['query'] match no module of this model" in found["model.step_memory"][1]
+    for dependent in ("model.overfit", "lifecycle.resume", "lifecycle.generate", "headroom.time"):
+        assert found[dependent] == ("skipped", found[dependent][1]) and "model.step_memory failed" in found[dependent][1], dependent
+    assert result.stdout.str().count("match no module of this model; its linear") == 1  # shown once, not chained
