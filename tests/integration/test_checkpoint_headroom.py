@@ -126,3 +126,17 @@ def test_headroom_on_a_small_disk_and_a_short_budget(make_state, run_check):
     state.results["step"] = type(state.results["step"])(**{**state.results["step"].__dict__, "step_seconds": 1e4})
     with pytest.raises(Fail, match=r"the run needs ~\d+\.\d h .* but max_hours is 1\.0"):
         run_check(state, "headroom.time")
+
+
+def test_tiny_headroom_passes_with_measured_figures_in_junit(pytester, tiny_example):
+    import xml.etree.ElementTree as ET
+
+    pytester.runpytest_subprocess(f"--ftready={tiny_example / 'recipe.toml'}", "-k",
+                                  "step_memory or lifecycle.resume or headroom", "--junitxml=out.xml")
+    cases = {c.get("name"): c for c in ET.parse(pytester.path / "out.xml").getroot().iter("testcase")}
+    for name in ("headroom.disk", "headroom.time"):
+        assert not list(cases[name]), f"{name} did not pass"
+    disk = {p.get("name"): float(p.get("value")) for p in cases["headroom.disk"].iter("property")}
+    eta = {p.get("name"): p.get("value") for p in cases["headroom.time"].iter("property")}
+    assert disk["checkpoint_bytes[bytes]"] > 10_000 and disk["disk_free[bytes]"] > disk["run_disk_bytes[bytes]"]
+    assert float(eta["throughput_used[tokens/s]"]) > 0 and 0 < float(eta["eta_with_margins[h]"]) < 1
