@@ -4,11 +4,12 @@ or the recipe's [pins] packages, compared with what is installed."""
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata as md
 import re
 import sys
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable
+
+from .probes import installed
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,13 +36,6 @@ def read_lockfile(path: Path) -> dict[str, str]:
         if m:
             pins[normalize(m.group(1))] = m.group(2)
     return pins
-
-
-def installed(name: str) -> Optional[str]:
-    try:
-        return md.version(name)
-    except md.PackageNotFoundError:
-        return None
 
 
 def public(version: str) -> str:

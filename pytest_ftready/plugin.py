@@ -15,8 +15,6 @@ MARKERS = {
     "accelerator": "needs a CUDA/ROCm GPU or an Apple GPU; skipped with a reason elsewhere",
     "nightly": "long-running (sustained throughput, lever sweeps); deselected unless -m nightly or --ftready-nightly",
 }
-AREAS = ("stack", "checkpoint", "data", "model", "lifecycle", "levers", "sustained", "headroom", "repro",
-         "privacy")
 MISSING_KEY = pytest.StashKey[list]()
 
 
@@ -42,7 +40,9 @@ def pytest_load_initial_conftests(early_config, parser, args) -> None:
 def pytest_configure(config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
-    for area in AREAS:
+    from .checks.base import areas
+
+    for area in areas():
         config.addinivalue_line("markers", f"ftready_{area}: pytest-ftready {area} checks")
     recipes = options.recipe_paths(config)
     config.stash[RUN_KEY] = RunState(
