@@ -3,8 +3,6 @@ test on the device. Everything here reads the ``Machine`` snapshot and the facts
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Optional
 
 from ..facts import cc_text, load, version_tuple
@@ -273,7 +271,7 @@ def kernels(ctx) -> None:
     if recipe.model.attn_implementation == "sdpa":
         ctx.measure("sdpa_backends", sdpa_backends(machine, device, recipe.model.dtype), "")
     problems = [p for name, why in required if (p := kernel_problem(rows[name], why, recipe, machine, device))]
-    if recipe.model.gguf_file and not dict(machine.packages).get("gguf"):
+    if recipe.model.gguf_file and not machine.package_versions.get("gguf"):
         problems.append(f"gguf_file = \"{recipe.model.gguf_file}\": transformers reads GGUF through the gguf "
                         "package: pip install 'pytest-ftready[gguf]'")
     if recipe.training.compile:
@@ -288,14 +286,11 @@ def kernels(ctx) -> None:
 
 
 def _model_type(recipe) -> Optional[str]:
-    if recipe.model.path:
-        config = Path(recipe.model.path) / "config.json"
-        return json.loads(config.read_text(encoding="utf-8")).get("model_type") if config.is_file() else None
-    try:
-        from ..loading import model_config
+    from ..loading import model_config
 
+    try:
         return model_config(recipe).get("model_type")
-    except Exception:  # offline without a cached config
+    except Exception:  # offline without a cached config, or an unreadable one
         return None
 
 
