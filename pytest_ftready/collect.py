@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from .checks.base import CheckSpec, Fail, Skip, all_checks
-from .recipe import RecipeError, _did_you_mean, load_recipe
+from .checks.registry import CheckSpec, all_checks
+from .outcomes import Fail, Skip
+from .recipe.schema import RecipeError, _did_you_mean, load_recipe
 
 RUN_KEY = pytest.StashKey["RunState"]()
 
@@ -89,9 +90,9 @@ class CheckItem(pytest.Function):
             self.state.outcomes[self.spec.id] = max(previous, outcome, key=rank.__getitem__)
 
     def run_check(self, request) -> None:
-        from .context import CheckContext
-        from .devices import no_accelerator_reason
-        from .scan import redact
+        from .session.context import CheckContext
+        from .machine.devices import no_accelerator_reason
+        from .data.scan import redact
 
         state = self.state
         failed = state.failed_prerequisite(self.spec.requires)

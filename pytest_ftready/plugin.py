@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from . import hookspec, options, report
+from . import hookspec, options
+from .outputs import measurements, report
+from .files import write_json, write_private
 from .collect import RUN_KEY, RecipeFile
-from .session import RunState
+from .session.state import RunState
 
 MARKERS = {
     "ftready": "a pytest-ftready readiness check",
@@ -40,7 +42,7 @@ def pytest_load_initial_conftests(early_config, parser, args) -> None:
 def pytest_configure(config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
-    from .checks.base import areas
+    from .checks.registry import areas
 
     for area in areas():
         config.addinivalue_line("markers", f"ftready_{area}: pytest-ftready {area} checks")
@@ -67,7 +69,7 @@ def _progress(config, line: str) -> None:
 def _machine(config):
     machine = config.hook.pytest_ftready_machine(config=config)
     if machine is None:
-        from .probes import read_machine
+        from .machine.probes import read_machine
 
         machine = read_machine()
     return machine
@@ -113,7 +115,7 @@ def pytest_runtest_setup(item) -> None:
     if run is None or hasattr(item, "spec") or item.get_closest_marker("accelerator") is None:
         return
     if run.machine.accelerator is None and not run.cpu_short:
-        from .devices import no_accelerator_reason
+        from .machine.devices import no_accelerator_reason
 
         pytest.skip(f"needs a CUDA/ROCm GPU or an Apple GPU: {no_accelerator_reason(run.machine)}")
 
@@ -130,7 +132,7 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
     run = config.stash.get(RUN_KEY, None)
     if run and run.measurements:
         terminalreporter.write_sep("-", "ftready measurements")
-        for line in report.summary_lines(run.measurements):
+        for line in measurements.summary_lines(run.measurements):
             terminalreporter.write_line(line)
 
 
@@ -140,10 +142,10 @@ def pytest_sessionfinish(session) -> None:
         return
     for state in run.recipes.values():
         mine = [m for m in run.measurements if m.recipe == state.recipe.name]
-        report.write_json(state.artifacts / "measurements.json", report.measurements_payload(mine))
+        write_json(state.artifacts / "measurements.json", measurements.measurements_payload(mine))
         if state.series:
-            report.write_json(state.artifacts / "series.json", state.series)
-        report.write_private(state.artifacts / "report.html",
+            write_json(state.artifacts / "series.json", state.series)
+        write_private(state.artifacts / "report.html",
                              report.html_report(state.recipe.name, mine, state.series, state.outcomes))
 
 
@@ -151,7 +153,7 @@ def pytest_sessionfinish(session) -> None:
 def pytest_benchmark_update_json(config, benchmarks, output_json) -> None:
     run = config.stash.get(RUN_KEY, None)
     if run is not None:
-        output_json["ftready"] = report.measurements_payload(run.measurements)
+        output_json["ftready"] = measurements.measurements_payload(run.measurements)
 
 
 # ---- public fixtures -------------------------------------------------------------------
@@ -164,7 +166,7 @@ def pytest_generate_tests(metafunc) -> None:
 
 @pytest.fixture(scope="session")
 def _ftready_state(request):
-    from .recipe import RecipeError, load_recipe
+    from .recipe.schema import RecipeError, load_recipe
 
     run = request.config.stash[RUN_KEY]
     paths = run.recipe_paths
@@ -210,8 +212,8 @@ def ftready_dataset(_ftready_state):
 @pytest.fixture
 def ftready_measure(_ftready_state, request):
     """``ftready_measure(name, value, unit)`` records a measurement to every output channel."""
-    from .checks.base import CheckSpec
-    from .context import CheckContext
+    from .checks.registry import CheckSpec
+    from .session.context import CheckContext
 
     spec = CheckSpec(id=request.node.name, body=lambda ctx: None, stage=0, doc="")
     bench = (lambda: request.getfixturevalue("benchmark")) if "benchmark" in request.fixturenames else None

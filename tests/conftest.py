@@ -70,7 +70,7 @@ def _edit_recipe(path: Path, **replacements: str) -> Path:
 
 @pytest.fixture(scope="session")
 def real_machine():
-    from pytest_ftready.probes import read_machine
+    from pytest_ftready.machine.probes import read_machine
 
     return read_machine()
 
@@ -78,9 +78,9 @@ def real_machine():
 @pytest.fixture
 def make_state(tiny_example, tmp_path, real_machine, edit_recipe):
     """``make_state(machine=None, **recipe_edits)``: the tiny recipe's RecipeState, in-process."""
-    from pytest_ftready.checks.base import all_checks
-    from pytest_ftready.recipe import load_recipe
-    from pytest_ftready.session import RunState
+    from pytest_ftready.checks.registry import all_checks
+    from pytest_ftready.recipe.schema import load_recipe
+    from pytest_ftready.session.state import RunState
 
     all_checks()
 
@@ -96,8 +96,8 @@ def make_state(tiny_example, tmp_path, real_machine, edit_recipe):
 @pytest.fixture
 def run_check():
     """``run_check(state, check_id)``: run one check's body; returns its context (measurements)."""
-    from pytest_ftready.checks.base import REGISTRY
-    from pytest_ftready.context import CheckContext
+    from pytest_ftready.checks.registry import REGISTRY
+    from pytest_ftready.session.context import CheckContext
 
     def run(state, check_id):
         ctx = CheckContext(state, REGISTRY[check_id])

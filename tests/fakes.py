@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pytest_ftready.probes import Gpu, Host, Kernel, Machine, Nvml, TorchBuild
+from pytest_ftready.machine.probes import Gpu, Host, Kernel, Machine, Nvml, TorchBuild
 
 GiB = 1024 ** 3
 LINUX = Host(os="Linux", os_release="6.8.0", machine="x86_64", python="3.11.7", cpu_model="Fake Xeon",

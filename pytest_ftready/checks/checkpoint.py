@@ -4,10 +4,11 @@ and they fit on the disk that will hold them."""
 from __future__ import annotations
 
 
-from ..hub import HubUnavailable, duplicates, folder_files, needed_files, repo_cache_dir
-from ..recipe import is_commit_hash
-from ..report import human_bytes
-from .base import STAGES, Fail, Skip, check
+from ..machine.hub import HubUnavailable, duplicates, folder_files, needed_files, repo_cache_dir
+from ..recipe.schema import is_commit_hash
+from ..units import human_bytes
+from ..outcomes import Fail, Skip
+from .registry import STAGES, check
 
 
 def model_files(ctx):

@@ -8,11 +8,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable
 
-from ..encoding import mask_runs, render_example
-from ..report import write_private
-from ..rows import row_problems
-from ..scan import redact
-from .base import STAGES, Fail, Skip, check
+from ..data.encoding import mask_runs, render_example
+from ..files import write_private
+from ..units import percentile
+from ..data.rows import row_problems
+from ..data.scan import redact
+from ..outcomes import Fail, Skip
+from .registry import STAGES, check
 
 # Problems that make a row unusable for training (the model checks leave such rows out).
 BLOCKING = frozenset({"render_error", "markers_empty", "truncated_all", "no_supervised"})
@@ -55,15 +57,6 @@ def encoded_rows(ctx, purpose: str) -> list:
     if not encoded:
         raise Fail(f"no well-formed row to {purpose} (see data.format)")
     return encoded
-
-
-def percentile(values: list[int], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return 0.0
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 def padding_waste(lengths: list[int], micro_batch: int) -> float:
@@ -211,7 +204,7 @@ def data_lengths(ctx) -> None:
 
 
 def _model_max_positions(state):
-    from ..loading import model_config
+    from ..engine.loading import model_config
 
     try:
         config = model_config(state.recipe)
@@ -225,7 +218,7 @@ def _model_max_positions(state):
        applies=lambda r: None if r.data.packing else "the recipe does not pack ([data] packing = false)")
 def data_packing(ctx) -> None:
     """A packed batch's loss equals the same examples' losses unpacked (no attention across examples)."""
-    from ..training import packing_mismatch
+    from ..engine.training import packing_mismatch
 
     state = ctx.state
     result = packing_mismatch(state.model, state.trainable_examples, ctx.recipe.data.max_length,
@@ -245,7 +238,7 @@ def data_packing(ctx) -> None:
 @check("data.loader", stage=STAGES["data.loader"], requires=("data.format", "model.step_memory"))
 def data_loader(ctx) -> None:
     """The data pipeline delivers tokens faster than one training step consumes them."""
-    from ..training import collate
+    from ..engine.training import collate
 
     state = ctx.state
     step = state.results.get("step")

@@ -3,8 +3,9 @@ measured throughput finishes the data within the time budget."""
 
 from __future__ import annotations
 
-from ..report import human_bytes
-from .base import STAGES, Fail, Skip, check
+from ..units import human_bytes
+from ..outcomes import Fail, Skip
+from .registry import STAGES, check
 
 
 @check("headroom.disk", stage=STAGES["headroom"], requires=("lifecycle.resume",))

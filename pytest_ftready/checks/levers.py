@@ -3,9 +3,10 @@ the levers this recipe allows, side by side in one pytest-benchmark group (lever
 
 from __future__ import annotations
 
-from ..levers import advice_text, levers_for
-from ..report import human_bytes
-from .base import STAGES, Fail, Skip, check
+from ..engine.breakdown import advice_text, levers_for
+from ..units import human_bytes, percentile
+from ..outcomes import Fail, Skip
+from .registry import STAGES, check
 
 
 @check("levers.advice", stage=STAGES["levers"])
@@ -14,8 +15,7 @@ def advice(ctx) -> None:
     step = ctx.state.results.get("step")
     if step is None:
         raise Skip("no training step was measured (model.step_memory did not run)")
-    lengths = sorted(e.full_length for e in ctx.state.encoded)
-    p95 = lengths[int(0.95 * (len(lengths) - 1))] if lengths else None
+    p95 = percentile([e.full_length for e in ctx.state.encoded], 0.95) or None
     levers = levers_for(ctx.recipe, step.breakdown, step.num_layers, p95)
     for lever in levers:
         ctx.measure(f"saves[{lever.name}]", lever.saves_bytes, "bytes", estimate=True)
@@ -56,11 +56,11 @@ def sweep(ctx) -> None:
     """One lever variant: peak memory and tokens/s of the real step, in the recipe's benchmark group."""
     import torch
 
-    from ..checks.model import worst_case_batch
-    from ..checks.stack import kernel_problem
-    from ..facts import load
-    from ..memory import free_device_memory, peak_memory
-    from ..training import make_optimizer, make_scheduler, trainable, train_step
+    from .model import worst_case_batch
+    from .stack import kernel_problem
+    from ..machine.compat import load
+    from ..engine.memory import free_device_memory, peak_memory
+    from ..engine.training import make_optimizer, make_scheduler, trainable, train_step
 
     state = ctx.state
     device = ctx.torch_device()

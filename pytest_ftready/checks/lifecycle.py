@@ -9,14 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..report import ensure_private_dir
-from ..training import MissingState
-from .base import STAGES, Fail, check
+from ..files import ensure_private_dir
+from ..engine.training import MissingState
+from ..outcomes import Fail
+from .registry import STAGES, check
 
 
 def straight_and_half(state, device: str, folder: Path, steps: int, exact: bool = True) -> list[float]:
     """Losses of ``steps`` uninterrupted steps; then a second run of steps/2 saved to ``folder``."""
-    from ..training import DataOrder, make_optimizer, make_scheduler, next_batches, save_checkpoint, trainable, train_step
+    from ..engine.training import DataOrder, make_optimizer, make_scheduler, next_batches, save_checkpoint, trainable, train_step
 
     recipe = state.recipe
     t = recipe.training
@@ -43,7 +44,7 @@ def straight_and_half(state, device: str, folder: Path, steps: int, exact: bool 
 def resume_in_fresh_process(recipe, folder: Path, steps: int, total: int, device: str) -> list[float]:
     import torch
 
-    cmd = [sys.executable, "-m", "pytest_ftready.worker", "resume", str(recipe.source), str(folder), str(steps),
+    cmd = [sys.executable, "-m", "pytest_ftready.engine.worker", "resume", str(recipe.source), str(folder), str(steps),
            str(total), device, str(torch.get_num_threads())]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     lines = proc.stdout.strip().splitlines()
@@ -76,7 +77,7 @@ def resume(ctx) -> None:
     folder = state.artifacts / "resume-checkpoint"
     exact = not ctx.device.is_accelerator  # GPU kernels may differ in the last bits run to run
     straight = straight_and_half(state, device, folder, steps, exact)
-    from ..training import checkpoint_bytes, load_state
+    from ..engine.training import checkpoint_bytes, load_state
 
     try:
         load_state(folder)
@@ -105,9 +106,9 @@ def verify_generation(state, device: str, merge=None) -> dict[str, list[int]]:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from ..loading import load_model, torch_dtype
-    from ..memory import free_device_memory
-    from ..training import greedy, peft_quiet
+    from ..engine.loading import load_model, torch_dtype
+    from ..engine.memory import free_device_memory
+    from ..engine.training import greedy, peft_quiet
 
     recipe, result = state.recipe, state.results["overfit"]
     pad, stops, n = state.tokenizer.pad_token_id, state.encoder.stop_ids, recipe.checks.max_new_tokens

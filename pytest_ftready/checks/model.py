@@ -7,9 +7,11 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional
 
-from ..levers import Breakdown, advice_text, breakdown, levers_for
-from ..report import ensure_private_dir, human_bytes
-from .base import STAGES, Fail, check
+from ..engine.breakdown import Breakdown, advice_text, breakdown, levers_for
+from ..files import ensure_private_dir
+from ..units import human_bytes, percentile
+from ..outcomes import Fail
+from .registry import STAGES, check
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ def num_layers(model) -> int:
 
 
 def worst_case_batch(examples, micro_batch: int, max_length: int, pad_id: int):
-    from ..training import collate
+    from ..engine.training import collate
 
     longest = sorted(examples, key=lambda e: e.length, reverse=True)[:micro_batch]
     while len(longest) < micro_batch:
@@ -55,8 +57,8 @@ def step_memory(ctx) -> None:
     """The worst-case batch runs forward, backward and an optimizer step; peak memory fits."""
     import torch
 
-    from ..memory import free_device_memory, peak_memory
-    from ..training import make_optimizer, make_scheduler, trainable, train_step
+    from ..engine.memory import free_device_memory, peak_memory
+    from ..engine.training import make_optimizer, make_scheduler, trainable, train_step
 
     state, recipe = ctx.state, ctx.recipe
     device = ctx.torch_device()
@@ -67,8 +69,7 @@ def step_memory(ctx) -> None:
                              state.tokenizer.pad_token_id)
     capacity = ctx.device.memory_total_bytes
     headroom = recipe.hardware.memory_headroom
-    lengths = sorted(e.full_length for e in state.encoded)
-    p95 = lengths[int(0.95 * (len(lengths) - 1))] if lengths else None
+    p95 = percentile([e.full_length for e in state.encoded], 0.95) or None
     with trainable(state) as model:
         optimizer = make_optimizer(model, recipe)
         scheduler = make_scheduler(optimizer, recipe, total_steps=1, constant=True)
@@ -138,7 +139,7 @@ class OverfitResult:
 
 def overfit(state, device: str, save_to) -> OverfitResult:
     """Train the recipe's model on a few examples until the loss threshold or the step limit."""
-    from ..training import greedy, make_optimizer, make_scheduler, train_step, collate, trainable
+    from ..engine.training import greedy, make_optimizer, make_scheduler, train_step, collate, trainable
 
     recipe = state.recipe
     checks = recipe.checks

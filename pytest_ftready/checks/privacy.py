@@ -7,9 +7,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..privacy import exposure, looks_encrypted, model_license, scan_files, walk
-from ..scan import load_allowlist
-from .base import STAGES, Fail, Skip, check
+from ..data.audit import exposure, looks_encrypted, model_license, scan_files, walk
+from ..data.scan import load_allowlist
+from ..outcomes import Fail, Skip
+from .registry import STAGES, check
 
 MAX_LISTED = 20
 
@@ -44,7 +45,7 @@ def private_paths(state) -> list[Path]:
     if recipe.model.path:
         paths.append(recipe.model.path)
     else:
-        from ..hub import repo_cache_dir
+        from ..machine.hub import repo_cache_dir
 
         paths.append(repo_cache_dir(recipe.model.id))
     return [Path(p) for p in paths]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from ..environment import environment_record, suite_properties
-from ..report import write_json
-from .base import STAGES, Fail, Skip, check
+from ..machine.environment import environment_record, suite_properties
+from ..files import write_json
+from ..outcomes import Fail, Skip
+from .registry import STAGES, check
 
 
 @check("repro.environment", stage=STAGES["repro.environment"])
@@ -28,9 +29,9 @@ def environment(ctx) -> None:
 @check("repro.pins", stage=STAGES["repro"])
 def pins(ctx) -> None:
     """Installed versions equal the pins; the model revision is a commit (or the local folder is hashed)."""
-    from ..pins import folder_hash, mismatches, normalize, read_lockfile
-    from ..probes import PACKAGES
-    from ..recipe import is_commit_hash
+    from ..machine.pins import folder_hash, mismatches, normalize, read_lockfile
+    from ..machine.probes import PACKAGES
+    from ..recipe.schema import is_commit_hash
 
     recipe = ctx.recipe
     problems = []
@@ -65,7 +66,7 @@ def seeds_applied(seed: int) -> list[str]:
     import numpy as np
     import torch
 
-    from ..training import seed_everything
+    from ..engine.training import seed_everything
 
     seed_everything(seed)
     drawn = (random.random(), float(np.random.rand()), float(torch.rand(1)))
@@ -94,7 +95,7 @@ def config(ctx) -> None:
 @check("repro.manifest", stage=STAGES["repro"] + 2)
 def manifest(ctx) -> None:
     """The data on disk matches the data manifest (file, size, sha256, rows)."""
-    from ..manifest import differences
+    from ..data.manifest import differences
 
     recipe = ctx.recipe
     if not recipe.data.manifest:

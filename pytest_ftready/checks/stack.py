@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..facts import cc_text, load, version_tuple
-from .base import STAGES, Fail, Skip, check
+from ..machine.compat import cc_text, load, version_tuple
+from ..outcomes import Fail, Skip
+from .registry import STAGES, check
 
 
 def _cc(cc) -> tuple[int, int]:
@@ -286,7 +287,7 @@ def kernels(ctx) -> None:
 
 
 def _model_type(recipe) -> Optional[str]:
-    from ..loading import model_config
+    from ..engine.loading import model_config
 
     try:
         return model_config(recipe).get("model_type")
@@ -326,7 +327,7 @@ def smoke(ctx) -> None:
     """Allocate, multiply in the recipe's dtype on the real device, read back: 'imports' is not 'works'."""
     import torch
 
-    from ..loading import torch_dtype
+    from ..engine.loading import torch_dtype
 
     if ctx.device.kind == "mlx":
         raise Skip("MLX recipes train with mlx, not torch")

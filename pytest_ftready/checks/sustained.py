@@ -7,8 +7,10 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from ..facts import load
-from .base import STAGES, Fail, Skip, check
+from ..machine.compat import load
+from ..units import percentile
+from ..outcomes import Fail, Skip
+from .registry import STAGES, check
 
 CPU_SHORT_SECONDS = 10.0  # --ftready-cpu-short caps the sustained window
 
@@ -48,11 +50,6 @@ def throughput_drop(rates: list[float]) -> tuple[float, int]:
     return max(0.0, (early[best] - rates[-1]) / early[best]), best
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))] if ordered else 0.0
-
-
 @dataclass(frozen=True)
 class ThermalVerdict:
     max_temperature_c: float | None
@@ -85,8 +82,8 @@ def run_sustained(state, device: str, warmup_s: float, total_s: float, sources) 
     """Train the recipe's real step for warm-up + ``total_s`` seconds with telemetry sampling.
     Every step runs the worst-case batch (micro_batch x max_length of the longest rows), so
     windows do identical work and a drop is the machine's, not the data's."""
-    from ..telemetry import Sampler
-    from ..training import make_optimizer, make_scheduler, train_step, trainable
+    from ..machine.telemetry import Sampler
+    from ..engine.training import make_optimizer, make_scheduler, train_step, trainable
     from .model import worst_case_batch
 
     recipe = state.recipe
@@ -140,7 +137,7 @@ def model_flops_utilization(state, params: int, tokens_per_s: float) -> float | 
        requires=("data.masking", "model.step_memory"))
 def throughput(ctx) -> None:
     """Tokens/s per window over a sustained run: the drop from the best early window to the last stays small."""
-    from ..telemetry import sources_for
+    from ..machine.telemetry import sources_for
 
     state, recipe = ctx.state, ctx.recipe
     device = ctx.torch_device()

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from pytest_ftready.rows import Row, row_problems
+from pytest_ftready.data.rows import Row, row_problems
 from pytest_ftready.tiny import example_rows
 from tests import planted
 
@@ -27,7 +27,7 @@ def encoder(tiny_model_dir):
 
     from transformers import AutoTokenizer
 
-    from pytest_ftready.encoding import Encoder, stop_token_ids
+    from pytest_ftready.data.encoding import Encoder, stop_token_ids
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     data = SimpleNamespace(format="messages", train_on="assistant", max_length=128, add_special_tokens=False)
@@ -80,7 +80,7 @@ def corpus(tmp_path_factory):
 
 @pytest.mark.benchmark(group="secret scanning, 2 MB of JSONL")
 def test_scanner_speed(benchmark, corpus):
-    from pytest_ftready.privacy import scan_files
+    from pytest_ftready.data.audit import scan_files
 
     found, scanned, _ = benchmark.pedantic(lambda: scan_files([corpus], frozenset({"secrets", "pii"})),
                                            rounds=3, iterations=1)

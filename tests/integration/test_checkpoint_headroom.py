@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_ftready.checks.base import Fail, Skip
-from pytest_ftready.hub import HubUnavailable, ModelFiles, needed_files
-from pytest_ftready.recipe import parse_recipe
-from pytest_ftready.session import RunState
+from pytest_ftready.outcomes import Fail, Skip
+from pytest_ftready.machine.hub import HubUnavailable, ModelFiles, needed_files
+from pytest_ftready.recipe.schema import parse_recipe
+from pytest_ftready.session.state import RunState
 from tests import fakes
 
 GB = 10 ** 9
@@ -46,7 +46,7 @@ class FakeHub:
 def hub_state(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
-    from pytest_ftready.checks.base import all_checks
+    from pytest_ftready.checks.registry import all_checks
 
     all_checks()
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
@@ -97,7 +97,7 @@ def test_offline_without_cache_skips_and_never_hangs(hub_state, run_check):
 
 
 def test_cached_snapshot_missing_a_shard_fails(hub_state, run_check, tmp_path):
-    from pytest_ftready.hub import repo_cache_dir
+    from pytest_ftready.machine.hub import repo_cache_dir
 
     snapshot = repo_cache_dir("meta-llama/Llama-3.1-8B-Instruct") / "snapshots" / SHA
     snapshot.mkdir(parents=True)

@@ -27,7 +27,7 @@ def project(pytester):
 
 
 def test_import_does_not_import_torch():
-    code = ("import sys, pytest_ftready, pytest_ftready.plugin, pytest_ftready.recipe, pytest_ftready.collect;"
+    code = ("import sys, pytest_ftready, pytest_ftready.plugin, pytest_ftready.recipe.schema, pytest_ftready.collect;"
             "heavy = [m for m in ('torch', 'transformers', 'peft', 'datasets') if m in sys.modules];"
             "print(heavy); sys.exit(1 if heavy else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
-from pytest_ftready.checks.base import Fail
-from pytest_ftready.encoding import IGNORE_INDEX
-from pytest_ftready.session import RecipeState
+from pytest_ftready.outcomes import Fail
+from pytest_ftready.data.encoding import IGNORE_INDEX
+from pytest_ftready.session.state import RecipeState
 
 MiB = 1024 ** 2
 
@@ -83,7 +83,7 @@ def resumable(make_state, tmp_path):
 
 
 def resume(state, folder, **sabotage):
-    from pytest_ftready.training import resume_and_train
+    from pytest_ftready.engine.training import resume_and_train
 
     return resume_and_train(state.recipe, state.model, folder, 2, "cpu", state.tokenizer.pad_token_id, 4, **sabotage)
 
@@ -108,7 +108,7 @@ def test_resume_bugs_change_the_loss_and_are_named(resumable, sabotage):
 def test_checkpoint_missing_a_piece_of_state_is_named(resumable):
     import torch
 
-    from pytest_ftready.training import STATE_FILE, MissingState, load_state
+    from pytest_ftready.engine.training import STATE_FILE, MissingState, load_state
 
     _, folder, _ = resumable
     saved = torch.load(folder / STATE_FILE, weights_only=True)

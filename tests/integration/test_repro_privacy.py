@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ftready.checks.base import Fail
+from pytest_ftready.outcomes import Fail
 from tests import planted
 
 
@@ -40,7 +40,7 @@ def test_pins_match_mismatch_and_branch_revision(make_state, run_check, tiny_exa
 
 
 def test_uv_lock_and_recipe_pins(tmp_path):
-    from pytest_ftready.pins import read_lockfile
+    from pytest_ftready.machine.pins import read_lockfile
 
     (tmp_path / "uv.lock").write_text('version = 1\n[[package]]\nname = "Torch"\nversion = "2.5.1"\n'
                                       '[[package]]\nname = "my_pkg"\nversion = "1.0"\n')
@@ -48,9 +48,9 @@ def test_uv_lock_and_recipe_pins(tmp_path):
 
 
 def test_a_hub_revision_that_is_a_branch_fails(tmp_path, run_check):
-    from pytest_ftready.checks.base import all_checks
-    from pytest_ftready.recipe import parse_recipe
-    from pytest_ftready.session import RunState
+    from pytest_ftready.checks.registry import all_checks
+    from pytest_ftready.recipe.schema import parse_recipe
+    from pytest_ftready.session.state import RunState
     from tests import fakes
 
     all_checks()
@@ -72,7 +72,7 @@ def test_config_is_written_and_seeds_apply(make_state, run_check):
 
 
 def test_manifest_match_change_missing_and_written_then_verified(make_state, run_check, tiny_example):
-    from pytest_ftready.manifest import main
+    from pytest_ftready.data.manifest import main
 
     state = make_state()
     run_check(state, "repro.manifest")  # the committed example manifest matches the generated data
@@ -162,7 +162,7 @@ def test_planted_data_is_found_and_never_printed_anywhere(pytester, tiny_example
 
 
 def test_allowlist_accepts_known_findings_by_fingerprint(make_state, run_check, tiny_example):
-    from pytest_ftready.privacy import scan_file
+    from pytest_ftready.data.audit import scan_file
 
     data = tiny_example / "data" / "train.jsonl"
     rows = [json.loads(line) for line in data.read_text().splitlines()]

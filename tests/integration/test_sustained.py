@@ -9,9 +9,9 @@ import types
 import pytest
 
 from pytest_ftready.checks import sustained
-from pytest_ftready.checks.base import Fail
+from pytest_ftready.outcomes import Fail
 from pytest_ftready.checks.sustained import Step, throughput_drop, windows
-from pytest_ftready.telemetry import NvmlSource, Sampler, decode_reasons
+from pytest_ftready.machine.telemetry import NvmlSource, Sampler, decode_reasons
 from tests import fakes
 from tests.integration.test_data_checks import outcomes
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from pytest_ftready.recipe import load_recipe
+from pytest_ftready.recipe.schema import load_recipe
 from tests.integration.test_data_checks import outcomes
 
 ROOT = Path(__file__).resolve().parents[2]

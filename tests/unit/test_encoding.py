@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_ftready.encoding import IGNORE_INDEX, Encoder, render_example
-from pytest_ftready.rows import Row, row_problems
+from pytest_ftready.data.encoding import IGNORE_INDEX, Encoder, render_example
+from pytest_ftready.data.rows import Row, row_problems
 from pytest_ftready.tiny import CHATML
 
 CHATML_EOS_OUTSIDE = CHATML.replace("{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}",
@@ -192,7 +192,7 @@ def test_tool_calls_and_content_parts_are_well_formed(data):
 
 
 def test_unknown_stop_token_is_named(base_tokenizers):
-    from pytest_ftready.encoding import stop_token_ids
+    from pytest_ftready.data.encoding import stop_token_ids
 
     with pytest.raises(ValueError, match=r"\[data\] stop_tokens: '<\|nope\|>' is not in the tokenizer's vocabulary"):
         stop_token_ids(base_tokenizers["plain"], (), ["<|nope|>"])
@@ -200,7 +200,7 @@ def test_unknown_stop_token_is_named(base_tokenizers):
 
 
 def test_read_rows_reports_malformed_lines_and_keeps_reading(tmp_path):
-    from pytest_ftready.rows import read_rows
+    from pytest_ftready.data.rows import read_rows
 
     path = tmp_path / "train.jsonl"
     path.write_text('{"text": "a"}\n{"text": \n\n{"text": "c"}\n')

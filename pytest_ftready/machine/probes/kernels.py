@@ -6,7 +6,7 @@ import importlib
 import importlib.metadata as md
 import re
 
-from .base import Kernel
+from .records import Kernel
 
 # kernel name -> (distribution, import module)
 KERNELS = {

@@ -6,7 +6,7 @@ import os
 import platform
 import shutil
 
-from .base import Host
+from .records import Host
 
 
 def _cpu_model_and_flags() -> tuple[str, tuple[str, ...]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 
-from .base import Gpu, Host, Kernel, Machine, Nvml, TorchBuild
+from .records import Gpu, Host, Kernel, Machine, Nvml, TorchBuild
 from .host import read_host
 from .kernels import KERNELS, read_kernel
 from .nvidia import read_nvml

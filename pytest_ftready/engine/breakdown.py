@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .report import human_bytes
+from ..units import human_bytes
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Gpu, Nvml
+from .records import Gpu, Nvml
 
 
 def _text(value) -> str:

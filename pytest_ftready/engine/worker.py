@@ -15,7 +15,7 @@ def main(argv: list[str]) -> int:
     import torch
 
     from .loading import load_model, load_tokenizer
-    from .recipe import load_recipe
+    from ..recipe.schema import load_recipe
     from .training import MissingState, resume_and_train
 
     torch.set_num_threads(int(threads))

@@ -64,7 +64,7 @@ def build(files: Iterable[Path], manifest_path: Path) -> dict:
 
 
 def write(files: Iterable[Path], manifest_path: Path) -> Path:
-    from .report import write_private
+    from ..files import write_private
 
     payload = build(files, manifest_path)
     return write_private(manifest_path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
@@ -105,7 +105,7 @@ def differences(files: Iterable[Path], manifest_path: Path) -> list[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from .recipe import RecipeError, load_recipe
+    from ..recipe.schema import RecipeError, load_recipe
 
     parser = argparse.ArgumentParser(prog="ftready-manifest", description="write or check a recipe's data manifest")
     parser.add_argument("action", choices=("write", "check"))

@@ -18,14 +18,6 @@ STAGES = {
 }
 
 
-class Fail(Exception):
-    """The check looked and found a problem; the message says what to change."""
-
-
-class Skip(Exception):
-    """The check cannot look here; the message says what it needs."""
-
-
 @dataclass(frozen=True)
 class CheckSpec:
     id: str

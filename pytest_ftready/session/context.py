@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional
 
-from .checks.base import CheckSpec, Fail
-from .session import RecipeState
+from ..outcomes import Fail
+from .state import RecipeState
 
 
 class CheckContext:
@@ -45,7 +45,7 @@ class CheckContext:
         """Record ``value`` (with its unit) to every output channel; returns ``value``.
         Text values are redacted: a measurement never carries a secret found in data."""
         if isinstance(value, str):
-            from .scan import redact
+            from ..data.scan import redact
 
             value = redact(value)
         m = self.state.record(self.spec.id, name, value, unit, estimate)

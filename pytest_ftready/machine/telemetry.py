@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
-from .facts import load
+from .compat import load
 
 
 def decode_reasons(mask: int) -> list[str]:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
-from .encoding import IGNORE_INDEX
+from ..data.encoding import IGNORE_INDEX
+from ..outcomes import Fail
 
 STATE_FILE = "training_state.pt"
 EXAMPLES_FILE = "examples.json"
@@ -132,8 +133,6 @@ def make_trainable(base, recipe):
 
         missing = [m for m in recipe.adapter.target_modules if not any(n.endswith(m) for n, _ in base.named_modules())]
         if missing:
-            from .checks.base import Fail
-
             raise Fail(f"[adapter] target_modules {missing} match no module of this model; its linear "
                        f"layers are named like {_linear_names(base)[:8]}")
         with peft_quiet():
@@ -201,8 +200,6 @@ def make_optimizer(model, recipe, learning_rate: Optional[float] = None):
     try:
         import bitsandbytes as bnb
     except ImportError:
-        from .checks.base import Fail
-
         raise Fail("optimizer = \"adamw_8bit\" needs bitsandbytes: pip install 'pytest-ftready[quant]'") from None
     return bnb.optim.AdamW8bit(params, lr=lr, weight_decay=recipe.training.weight_decay)
 
@@ -274,7 +271,7 @@ def save_checkpoint(folder: Path, model, optimizer, scheduler, order: DataOrder,
     """Weights or adapter, optimizer, scheduler, every RNG, data order, step, and the examples."""
     import torch
 
-    from .report import ensure_private_dir
+    from ..files import ensure_private_dir
 
     folder = ensure_private_dir(Path(folder))
     model.save_pretrained(ensure_private_dir(folder / "weights"))

@@ -9,10 +9,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .devices import Device, resolve_device
-from .probes import Machine
-from .recipe import Recipe
-from .report import Measurement
+from ..machine.devices import Device, resolve_device
+from ..machine.probes import Machine
+from ..recipe.schema import Recipe
+from ..outcomes import Fail
+from ..outputs.measurements import Measurement
 
 PROGRESS_ROWS = 5000  # datasets this long report their encoding progress
 
@@ -37,12 +38,12 @@ class RunState:
 
     @cached_property
     def hub(self):
-        from .hub import RealHub
+        from ..machine.hub import RealHub
 
         return self.hub_factory() if self.hub_factory else RealHub()
 
     def disk_free(self, path: Path) -> int:
-        from .hub import free_bytes
+        from ..machine.hub import free_bytes
 
         return (self.free_bytes or free_bytes)(path)
 
@@ -77,8 +78,6 @@ class RecipeState:
     def _load_once(self, what: str, load: Callable[[], Any]) -> Any:
         """Load once; a failure is remembered and becomes each asking check's failure (no retry
         of a slow hub per check)."""
-        from .checks.base import Fail
-
         key = f"load:{what}"
         if key not in self.results:
             try:
@@ -93,21 +92,21 @@ class RecipeState:
 
     @property
     def tokenizer(self):
-        from .loading import load_tokenizer
+        from ..engine.loading import load_tokenizer
 
         return self._load_once("tokenizer", lambda: load_tokenizer(self.recipe))
 
     @cached_property
     def rows(self):
         """(rows, problems) of every training file."""
-        from .rows import read_rows
+        from ..data.rows import read_rows
 
         return read_rows(self.recipe.data.train)
 
     @cached_property
     def encoder(self):
-        from .encoding import Encoder, stop_token_ids
-        from .loading import generation_eos_ids
+        from ..data.encoding import Encoder, stop_token_ids
+        from ..engine.loading import generation_eos_ids
 
         stops = stop_token_ids(self.tokenizer, generation_eos_ids(self.recipe), self.recipe.data.stop_tokens)
         return Encoder(self.tokenizer, self.recipe.data, stops)
@@ -115,7 +114,7 @@ class RecipeState:
     @cached_property
     def encoded(self):
         """Every well-formed row, encoded: a list of ``Encoded``."""
-        from .rows import row_problems
+        from ..data.rows import row_problems
 
         import time
 
@@ -134,7 +133,7 @@ class RecipeState:
     @property
     def trainable_examples(self):
         """Encoded rows that train: no problem that would corrupt the loss."""
-        from .checks.data import BLOCKING
+        from ..checks.data import BLOCKING
 
         return [e for e in self.encoded if e.trained and not any(k in BLOCKING for k, _ in e.problems)]
 
@@ -150,7 +149,7 @@ class RecipeState:
     @property
     def model(self):
         """The base model, loaded once per recipe per session."""
-        from .loading import load_model
+        from ..engine.loading import load_model
 
         return self._load_once("model", lambda: load_model(self.recipe, self.device.torch_device))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 import platform
 
-from .base import Gpu, TorchBuild
+from .records import Gpu, TorchBuild
 
 
 def read_torch() -> tuple[TorchBuild, tuple[Gpu, ...]]:

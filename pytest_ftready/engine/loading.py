@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .recipe import Recipe
+from ..recipe.schema import Recipe
 
 
 def model_source(recipe: Recipe) -> tuple[str, dict[str, Any]]:

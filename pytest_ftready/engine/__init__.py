@@ -1,0 +1,8 @@
+"""The training engine: everything that builds, trains, measures, saves, resumes or generates
+with the recipe's model: loading, batches, the trainable model, one measured step, the
+overfit, checkpoints and the fresh-process resume, generation, packing, the sustained loop,
+the memory breakdown and its levers.
+
+Imports the recipe, the data path and the machine; never the session, the checks or
+pytest. Functions take what they need (recipe, model, examples, device) as arguments and
+return plain results; failures the user must fix are ``outcomes.Fail``."""
