@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from .checks.registry import CheckSpec, all_checks
-from .outcomes import Fail, Skip
+from .outcomes import OUTCOME_RANK, Fail, Skip
 from .recipe.schema import RecipeError, _did_you_mean, load_recipe
 
 RUN_KEY = pytest.StashKey["RunState"]()
@@ -85,9 +85,8 @@ class CheckItem(pytest.Function):
             outcome = "skipped"
             raise
         finally:  # across the variants of one id: failed > passed > skipped
-            rank = {"skipped": 0, "passed": 1, "failed": 2}
             previous = self.state.outcomes.get(self.spec.id, "skipped")
-            self.state.outcomes[self.spec.id] = max(previous, outcome, key=rank.__getitem__)
+            self.state.outcomes[self.spec.id] = max(previous, outcome, key=OUTCOME_RANK.__getitem__)
 
     def run_check(self, request) -> None:
         from .session.context import CheckContext
@@ -110,13 +109,12 @@ class CheckItem(pytest.Function):
                            request.getfixturevalue("record_testsuite_property"), param=self.param)
         verdict = None
         try:
-            self.spec.body(ctx)
+            with ctx.running():
+                self.spec.body(ctx)
         except Fail as exc:  # messages may quote user data: never let a secret through
             verdict = (pytest.fail, redact(str(exc)))
         except Skip as exc:
             verdict = (pytest.skip, redact(str(exc)))
-        finally:
-            ctx.finish()
         if verdict is not None:  # raised outside the handler: the report shows the message once
             outcome, message = verdict
             if outcome is pytest.fail:

@@ -58,6 +58,9 @@ def pytest_configure(config) -> None:
 
 
 def _progress(config, line: str) -> None:
+    """Progress of long work on the terminal (never in JUnit); quiet under -q."""
+    if config.get_verbosity() < 0:
+        return
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     capture = config.pluginmanager.get_plugin("capturemanager")
     if reporter is None or capture is None:
@@ -179,6 +182,18 @@ def _ftready_state(request):
         pytest.fail(str(exc), pytrace=False)
 
 
+def _fact(state, name: str):
+    """A fact of the recipe for a user's test: a Fail/Skip computing it becomes pytest's outcome."""
+    from .outcomes import Fail, Skip
+
+    try:
+        return getattr(state, name)
+    except Fail as exc:
+        pytest.fail(str(exc), pytrace=False)
+    except Skip as exc:
+        pytest.skip(str(exc))
+
+
 @pytest.fixture(scope="session")
 def ftready_recipe(_ftready_state):
     """The frozen Recipe (``ftready_recipe.data.max_length`` ...)."""
@@ -194,19 +209,27 @@ def ftready_device(_ftready_state):
 @pytest.fixture(scope="session")
 def ftready_tokenizer(_ftready_state):
     """The recipe's tokenizer (with its chat template override), loaded once."""
-    return _ftready_state.tokenizer
+    return _fact(_ftready_state, "tokenizer")
 
 
 @pytest.fixture(scope="session")
 def ftready_model(_ftready_state):
     """The recipe's base model on its device, loaded once per session and shared."""
-    return _ftready_state.model
+    return _fact(_ftready_state, "model")
 
 
 @pytest.fixture(scope="session")
 def ftready_dataset(_ftready_state):
     """The training data formatted, tokenized and labelled exactly as the checks train on it."""
-    return _ftready_state.dataset
+    return _fact(_ftready_state, "dataset")
+
+
+@pytest.fixture(scope="session")
+def ftready_step(_ftready_state):
+    """The recipe's worst-case training step, measured once (the same figures model.step_memory
+    judges): ``peak_bytes``, ``host_peak_bytes``, ``step_seconds``, ``tokens_per_s``,
+    ``breakdown``, ``capacity_bytes``, ``fits(headroom)``, ``out_of_memory``."""
+    return _fact(_ftready_state, "step")
 
 
 @pytest.fixture

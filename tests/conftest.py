@@ -101,6 +101,7 @@ def run_check():
 
     def run(state, check_id):
         ctx = CheckContext(state, REGISTRY[check_id])
-        REGISTRY[check_id].body(ctx)
+        with ctx.running():
+            REGISTRY[check_id].body(ctx)
         return ctx
     return run

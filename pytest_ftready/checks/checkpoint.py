@@ -4,29 +4,11 @@ and they fit on the disk that will hold them."""
 from __future__ import annotations
 
 
-from ..machine.hub import HubUnavailable, duplicates, folder_files, needed_files, repo_cache_dir
+from ..machine.hub import duplicates, needed_files, repo_cache_dir
 from ..recipe.schema import is_commit_hash
 from ..units import human_bytes
 from ..outcomes import Fail, Skip
 from .registry import STAGES, check
-
-
-def model_files(ctx):
-    """The model's files (hub metadata, cache, or the local folder), fetched once."""
-    state, recipe = ctx.state, ctx.recipe
-    if "model_files" not in state.results:
-        if recipe.model.path:
-            state.results["model_files"] = folder_files(recipe.model.path)
-        else:
-            try:
-                state.results["model_files"] = state.run.hub.model_files(recipe.model.id, recipe.model.revision,
-                                                                         state.run.hub_timeout_s)
-            except HubUnavailable as exc:
-                state.results["model_files"] = exc
-    found = state.results["model_files"]
-    if isinstance(found, HubUnavailable):
-        raise Skip(f"{found}; set HF_HUB_OFFLINE=0 with network, or download the model first")
-    return found
 
 
 @check("checkpoint.revision", stage=STAGES["checkpoint"])
@@ -35,7 +17,7 @@ def revision(ctx) -> None:
     recipe = ctx.recipe
     if recipe.model.path:
         raise Skip("a local model folder has no hub revision (repro.pins records its content hash)")
-    files = model_files(ctx)
+    files = ctx.state.model_files
     ctx.measure("resolved_commit", files.sha, "")
     if not is_commit_hash(recipe.model.revision):
         raise Fail(f"revision {recipe.model.revision!r} is a branch or tag; today it points to {files.sha}: "
@@ -48,7 +30,7 @@ def revision(ctx) -> None:
 def files(ctx) -> None:
     """Only the files this recipe needs (config, tokenizer, safetensors), and the snapshot holds them all."""
     recipe = ctx.recipe
-    found = model_files(ctx)
+    found = ctx.state.model_files
     sizes = found.sizes
     needed = needed_files(sizes, recipe.model.gguf_file)
     extra = duplicates(sizes, needed)
@@ -80,7 +62,7 @@ def files(ctx) -> None:
 def disk(ctx) -> None:
     """The needed files, plus the budget's disk headroom, fit on the disk that will hold them."""
     recipe, state = ctx.recipe, ctx.state
-    found = model_files(ctx)
+    found = ctx.state.model_files
     sizes = found.sizes
     needed = needed_files(sizes, recipe.model.gguf_file)
     unknown = [f for f in needed if sizes[f] is None]

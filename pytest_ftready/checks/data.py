@@ -16,8 +16,6 @@ from ..data.scan import redact
 from ..outcomes import Fail, Skip
 from .registry import STAGES, check
 
-# Problems that make a row unusable for training (the model checks leave such rows out).
-BLOCKING = frozenset({"render_error", "markers_empty", "truncated_all", "no_supervised"})
 TEMPLATE_KINDS = ("render_error", "prompt_not_prefix", "history_rewritten", "bos_doubled")
 MASKING_KINDS = ("markers_empty", "assistant_untrained", "wrong_role_trained", "stop_untrained", "no_supervised",
                  "truncated_all")
@@ -50,10 +48,7 @@ def problems_by_kind(encoded: Iterable, kinds: Iterable[str]) -> dict[str, list[
 
 def encoded_rows(ctx, purpose: str) -> list:
     """The encoded rows, or a failure that says why there are none."""
-    try:
-        encoded = ctx.state.encoded
-    except ValueError as exc:  # no chat template, slow tokenizer, unknown stop token
-        raise Fail(str(exc)) from None
+    encoded = ctx.state.encoded
     if not encoded:
         raise Fail(f"no well-formed row to {purpose} (see data.format)")
     return encoded
@@ -116,10 +111,7 @@ def data_template(ctx) -> None:
     recipe = ctx.recipe
     if recipe.data.format != "messages":
         raise Skip(f"format = \"{recipe.data.format}\" uses no chat template")
-    try:
-        encoder = ctx.state.encoder
-    except ValueError as exc:
-        raise Fail(str(exc)) from None
+    encoder = ctx.state.encoder
     ctx.measure("template_source", _template_source(recipe), "")
     ctx.measure("trained_span_method", encoder.method, "")
     encoded = ctx.state.encoded
@@ -218,7 +210,7 @@ def _model_max_positions(state):
        applies=lambda r: None if r.data.packing else "the recipe does not pack ([data] packing = false)")
 def data_packing(ctx) -> None:
     """A packed batch's loss equals the same examples' losses unpacked (no attention across examples)."""
-    from ..engine.training import packing_mismatch
+    from ..engine.packing import packing_mismatch
 
     state = ctx.state
     result = packing_mismatch(state.model, state.trainable_examples, ctx.recipe.data.max_length,
@@ -238,12 +230,12 @@ def data_packing(ctx) -> None:
 @check("data.loader", stage=STAGES["data.loader"], requires=("data.format", "model.step_memory"))
 def data_loader(ctx) -> None:
     """The data pipeline delivers tokens faster than one training step consumes them."""
-    from ..engine.training import collate
+    from ..engine.batches import collate
 
     state = ctx.state
-    step = state.results.get("step")
-    if step is None:
-        raise Skip("no training-step time measured yet (model.step_memory did not run)")
+    step = state.step
+    if step.out_of_memory:
+        raise Skip("the worst-case step runs out of memory (see model.step_memory): no step rate to compare with")
     rows, _ = state.rows
     encoder = state.encoder
     fmt, train_on = ctx.recipe.data.format, ctx.recipe.data.train_on

@@ -4,7 +4,7 @@ measured throughput finishes the data within the time budget."""
 from __future__ import annotations
 
 from ..units import human_bytes
-from ..outcomes import Fail, Skip
+from ..outcomes import Fail
 from .registry import STAGES, check
 
 
@@ -12,12 +12,10 @@ from .registry import STAGES, check
 def disk(ctx) -> None:
     """Checkpoints x save_total_limit + logs + evaluation outputs fit in free space on output_dir's disk."""
     recipe, state = ctx.recipe, ctx.state
-    checkpoint = state.results.get("checkpoint_bytes")
-    if checkpoint is None:
-        raise Skip("no checkpoint of this recipe was measured (lifecycle.resume did not run)")
+    checkpoint = state.saved_run.checkpoint_bytes
     keep = recipe.training.save_total_limit
     budget = recipe.budget
-    exports = state.results["step"].breakdown.weights_bytes if recipe.export.format != "none" and "step" in state.results else 0
+    exports = state.step.breakdown.weights_bytes if recipe.export.format != "none" else 0
     need = checkpoint * keep + budget.log_bytes + budget.eval_bytes + exports
     free = state.run.disk_free(recipe.training.output_dir)
     usable = int(free * (1 - budget.disk_headroom))
@@ -48,14 +46,16 @@ def tokens_to_process(lengths: list[int], micro_batch: int, packing: bool, max_l
 def time_(ctx) -> None:
     """Tokens to train / measured tokens per second, plus evaluation and retry margin, fits max_hours."""
     recipe, state = ctx.recipe, ctx.state
-    rate, source = None, ""
-    sustained = state.results.get("sustained_tokens_per_s")
-    if sustained:
-        rate, source = sustained, "sustained.throughput"
-    elif "step" in state.results:
-        rate, source = state.results["step"].tokens_per_s, "model.step_memory (worst-case batch)"
-    if not rate:
-        raise Skip("no measured throughput (model.step_memory did not run)")
+    sustained = state.computed("sustained")  # a sustained rate when this run measured one: it is the truer figure
+    if sustained and sustained.rates:
+        from ..units import percentile
+
+        rate, source = percentile(sustained.rates, 0.5), "sustained.throughput"
+    else:
+        step = state.step
+        if step.out_of_memory:
+            raise Fail("the worst-case step runs out of memory (see model.step_memory): no throughput to plan with")
+        rate, source = step.tokens_per_s, "model.step_memory (worst-case batch)"
     lengths = [e.length for e in state.trainable_examples]
     per_epoch = tokens_to_process(lengths, recipe.training.micro_batch_size, recipe.data.packing, recipe.data.max_length)
     tokens = per_epoch * recipe.training.epochs

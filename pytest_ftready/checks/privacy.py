@@ -7,8 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..data.audit import exposure, looks_encrypted, model_license, scan_files, walk
-from ..data.scan import load_allowlist
+from ..data.audit import exposure, looks_encrypted, model_license, walk
 from ..outcomes import Fail, Skip
 from .registry import STAGES, check
 
@@ -68,24 +67,14 @@ def permissions(ctx) -> None:
         raise Fail(f"{len(exposed)} path(s) readable or writable beyond their owner:\n  {shown}{more}")
 
 
-def scan_results(ctx):
-    """One scan of the training data and scan_paths for every category, shared by both checks."""
-    state = ctx.state
-    if "scan" not in state.results:
-        recipe = state.recipe
-        files = [p for p in walk([*recipe.data.train, *recipe.privacy.scan_paths]) if p.is_file()]
-        found, scanned, seconds = scan_files(files, frozenset(recipe.privacy.scan))
-        allow = load_allowlist(recipe.privacy.allowlist)
-        state.results["scan"] = (found, allow, scanned, seconds, len(files))
-    return state.results["scan"]
-
-
 def _scan_check(ctx, category: str) -> None:
     recipe = ctx.recipe
     if category not in recipe.privacy.scan:
         raise Skip(f"[privacy] scan does not include {category!r}")
-    found, allow, scanned, seconds, files = scan_results(ctx)
-    mine = [f for f in found if f.finding.category == category]
+    scan = ctx.state.scan
+    allow, scanned, seconds = scan.allowlisted, scan.bytes_scanned, scan.seconds
+    files = scan.files
+    mine = [f for f in scan.findings if f.finding.category == category]
     accepted = [f for f in mine if f.finding.fingerprint in allow]
     report = [f for f in mine if f.finding.fingerprint not in allow]
     ctx.measure("files_scanned", files, "files")

@@ -66,7 +66,7 @@ def seeds_applied(seed: int) -> list[str]:
     import numpy as np
     import torch
 
-    from ..engine.training import seed_everything
+    from ..engine.batches import seed_everything
 
     seed_everything(seed)
     drawn = (random.random(), float(np.random.rand()), float(torch.rand(1)))

@@ -5,36 +5,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..machine.compat import cc_text, load, version_tuple
+from ..machine.compat import load, version_tuple
+from ..machine.compatibility import (best_torch_build, cuda_text, gpu_words, kernel_problem, parse_cc,
+                                    precision_problem, precisions, required_kernels, sdpa_backends)
 from ..outcomes import Fail, Skip
 from .registry import STAGES, check
-
-
-def _cc(cc) -> tuple[int, int]:
-    major, minor = (int(x) for x in str(cc).split("."))
-    return major, minor
-
-
-def gpu_family(cc: tuple[int, int]) -> str:
-    return load("compute")["gpus"].get(cc_text(cc), "")
-
-
-def _gpu_words(gpu) -> str:
-    if gpu.capability:
-        family = gpu_family(gpu.capability)
-        return f"{gpu.name} (compute capability {cc_text(gpu.capability)}{', ' + family if family else ''})"
-    if gpu.vendor == "amd":
-        return f"{gpu.name} ({gpu.arch}, {load('rocm')['archs'].get(gpu.arch, 'unknown AMD arch')})"
-    return gpu.name
-
-
-def _cuda_text(version: tuple[int, ...]) -> str:
-    return ".".join(str(v) for v in version[:2])
-
-
-def best_torch_build(max_cuda: tuple[int, int]) -> Optional[str]:
-    builds = [b for b in load("cuda")["torch_builds"]["cuda"] if version_tuple(b) <= max_cuda]
-    return builds[-1] if builds else None
 
 
 def _gpu(ctx):
@@ -68,7 +43,7 @@ def driver(ctx) -> None:
     wanted = version_tuple(build.cuda)[:2]
     driver_version = machine.nvml.driver_version or "unknown"
     ctx.measure("driver_version", driver_version, "")
-    ctx.measure("driver_max_cuda", _cuda_text(drv), "")
+    ctx.measure("driver_max_cuda", cuda_text(drv), "")
     ctx.measure("torch_cuda", build.cuda, "")
     facts = load("cuda")
     toolkit = next((t for t in facts["toolkit"] if version_tuple(t["cuda"])[:2] == wanted), None)
@@ -84,11 +59,11 @@ def driver(ctx) -> None:
                        f"{wanted[0]}.x runtime (minor-version compatibility); torch {build.version} needs a driver >= {need}{instead}")
         ctx.measure("minor_version_compatibility", "yes", "")
         if ctx.recipe.training.compile:
-            raise Fail(f"driver {driver_version} supports CUDA {_cuda_text(drv)} and runs torch's CUDA {build.cuda} runtime "
+            raise Fail(f"driver {driver_version} supports CUDA {cuda_text(drv)} and runs torch's CUDA {build.cuda} runtime "
                        f"only through minor-version compatibility, where PTX that triton/torch.compile JIT-compiles "
                        f"may fail; upgrade the driver to >= {need}{instead}, or set compile = false")
         return
-    raise Fail(f"driver {driver_version} supports CUDA up to {_cuda_text(drv)} but torch {build.version} was built "
+    raise Fail(f"driver {driver_version} supports CUDA up to {cuda_text(drv)} but torch {build.version} was built "
                f"with CUDA {build.cuda}: upgrade the driver to >= {need}{instead}")
 
 
@@ -104,7 +79,7 @@ def arch(ctx) -> None:
     if gpu.vendor == "amd":
         if gpu.arch in arches:
             return
-        raise Fail(f"{_gpu_words(gpu)} is not among the arches of torch {build.version} ({', '.join(arches)}): "
+        raise Fail(f"{gpu_words(gpu)} is not among the arches of torch {build.version} ({', '.join(arches)}): "
                    "kernels will fail with 'invalid device function'; install a ROCm build of torch that lists it "
                    "(check AMD's ROCm support matrix for this GPU)")
     major, minor = gpu.capability
@@ -117,7 +92,7 @@ def arch(ctx) -> None:
     if ptx:
         ctx.measure("arch_note", f"no sm_{major}{minor} binaries; PTX {ptx[-1]} is JIT-compiled at first use", "")
         return
-    row = next((r for r in load("cuda")["arch"] if _cc(r["cc"]) == (major, minor)), None)
+    row = next((r for r in load("cuda")["arch"] if parse_cc(r["cc"]) == (major, minor)), None)
     if row and row["max_cuda"] and version_tuple(build.cuda or "0") > version_tuple(row["max_cuda"]):
         fix = f"install a torch build for CUDA <= {row['max_cuda']} (newer CUDA dropped this architecture)"
     elif row:
@@ -126,13 +101,8 @@ def arch(ctx) -> None:
         fix = f"install a torch build for CUDA >= {row['min_cuda']}{wheel}, which carries sm_{major}{minor}"
     else:
         fix = "install a torch build whose get_arch_list() includes it"
-    raise Fail(f"{_gpu_words(gpu)} is sm_{major}{minor} but torch {build.version} carries {' '.join(arches)}: "
+    raise Fail(f"{gpu_words(gpu)} is sm_{major}{minor} but torch {build.version} carries {' '.join(arches)}: "
                f"training would stop with 'no kernel image is available for execution on the device'; {fix}")
-
-
-def _precisions(recipe) -> list[str]:
-    wanted = [recipe.model.dtype] if recipe.model.dtype == "bfloat16" else []
-    return wanted + (["tf32"] if recipe.training.tf32 else []) + (["fp8"] if recipe.training.fp8 else [])
 
 
 @check("stack.precision", stage=STAGES["stack"] + 2)
@@ -146,118 +116,15 @@ def precision(ctx) -> None:
         raise Skip("MLX chooses its own kernels; precision is checked by mlx-lm at load time")
     rows = {r["name"]: r for r in load("compute")["precision"]}
     problems = []
-    for name in _precisions(recipe):
+    for name in precisions(recipe):
         row = rows[name]
-        problem = _precision_problem(name, row, machine, device, ctx)
+        problem = precision_problem(name, row, machine, device)
         if problem:
             problems.append(f"{problem}; use {row['instead']}")
+    if device.kind == "cpu" and recipe.model.dtype == "bfloat16":
+        ctx.measure("cpu_bf16_native", any(f in machine.host.cpu_flags for f in ("avx512_bf16", "amx_bf16")), "")
     if problems:
         raise Fail("\n".join(problems))
-
-
-def _precision_problem(name, row, machine, device, ctx) -> str:
-    if device.kind == "cuda":
-        gpu = machine.gpus[0]
-        need = _cc(row["cuda_min_cc"])
-        if gpu.capability < need:
-            emulated = (" (torch.cuda.is_bf16_supported() says True here because it counts emulation)"
-                        if name == "bfloat16" else "")
-            return (f"{_gpu_words(gpu)} has no native {name}: it needs compute capability {row['cuda_min_cc']} "
-                    f"or newer{emulated}")
-        return ""
-    if device.kind == "rocm":
-        gpu = machine.gpus[0]
-        return "" if gpu.arch in row["rocm_archs"] else f"{_gpu_words(gpu)} has no native {name} support"
-    if device.kind == "mps":
-        if name != "bfloat16":
-            return f"Apple GPUs have no {name}"
-        host, build = machine.host, machine.torch
-        if host.machine != "arm64":
-            return "MPS bfloat16 needs Apple silicon; this Mac is Intel"
-        if version_tuple(host.macos_version or "0") < version_tuple(row["mps_min_macos"]):
-            return f"MPS bfloat16 needs macOS {row['mps_min_macos']} or newer; this Mac runs macOS {host.macos_version}"
-        if version_tuple(build.version or "0") < version_tuple(row["mps_min_torch"]):
-            return f"MPS bfloat16 needs torch >= {row['mps_min_torch']}; installed: {build.version}"
-        return ""
-    # CPU: bf16 runs everywhere (emulated where AVX512-BF16/AMX is absent); TF32 has no meaning; FP8 does not train
-    if name == "fp8":
-        return "FP8 training needs a GPU (compute capability 8.9+ or MI300)"
-    if name == "bfloat16":
-        native = any(f in machine.host.cpu_flags for f in ("avx512_bf16", "amx_bf16"))
-        ctx.measure("cpu_bf16_native", native, "")
-    return ""
-
-
-def _required_kernels(recipe) -> list[tuple[str, str]]:
-    """(kernel row name, why) for each optional kernel the recipe implies."""
-    out = []
-    if recipe.model.attn_implementation in ("flash_attention_2", "flash_attention_3"):
-        out.append((recipe.model.attn_implementation, f"attn_implementation = \"{recipe.model.attn_implementation}\""))
-    if recipe.model.quantization != "none":
-        out.append(("bitsandbytes", f"quantization = \"{recipe.model.quantization}\""))
-    elif recipe.training.optimizer == "adamw_8bit":
-        out.append(("bitsandbytes", "optimizer = \"adamw_8bit\""))
-    return out
-
-
-def kernel_problem(row: dict, why: str, recipe, machine, device) -> str:
-    """'' when the kernel imports and supports this device, else what to do."""
-    name, package = row["name"], row["package"]
-    if device.kind in ("cpu", "mps", "mlx"):
-        if name == "bitsandbytes" and device.kind == "mps":
-            modes = row["mps_modes"]
-            mode = "optim8" if recipe.training.optimizer == "adamw_8bit" else recipe.model.quantization
-            if mode not in modes:
-                return (f"{why}: bitsandbytes on Apple GPUs supports {', '.join(modes)} only; use "
-                        f"{row['instead']}")
-        else:
-            where = "an Apple GPU" if device.kind in ("mps", "mlx") else "the CPU"
-            return (f"{why} needs {name.replace('_', ' ')} on an NVIDIA GPU"
-                    f"{' or an AMD MI200/MI300' if row['rocm_train_archs'] else ''}; this recipe runs on {where} "
-                    f"({machine.describe()}): use {row['instead']}")
-    elif device.kind == "cuda":
-        gpu = machine.gpus[0]
-        low, high = _cc(row["cuda_min_cc"]), _cc(row["cuda_max_cc"]) if row["cuda_max_cc"] else None
-        if gpu.capability < low or (high and gpu.capability > high):
-            span = f"exactly {row['cuda_min_cc']}" if high == low else f"{row['cuda_min_cc']} or newer"
-            return (f"{why}: {name} needs compute capability {span}; {_gpu_words(gpu)} lacks it: use {row['instead']}")
-        if name == "bitsandbytes" and recipe.model.quantization == "8bit" and gpu.capability < _cc(row["int8_min_cc"]):
-            return f"{why}: LLM.int8 needs compute capability {row['int8_min_cc']}; use quantization = \"4bit\""
-    elif device.kind == "rocm":
-        gpu = machine.gpus[0]
-        if gpu.arch in row["rocm_forward_only_archs"]:
-            return f"{why} on {_gpu_words(gpu)}: {row['rocm_note']}"
-        if gpu.arch not in row["rocm_train_archs"]:
-            return f"{why}: no ROCm build of {name} for {_gpu_words(gpu)} ({row['rocm_note']}); use {row['instead']}"
-        if name == "bitsandbytes":
-            k = machine.kernel(package)
-            if k.version and not any(lib.startswith("rocm") for lib in k.native_libs):
-                return (f"{why}: bitsandbytes {k.version} carries no ROCm library (native builds: "
-                        f"{', '.join(k.native_libs) or 'none'}); install bitsandbytes >= {row['rocm_min_version']} "
-                        f"({row['rocm_note']}) or use {row['instead']}")
-    if row["dtypes"] and recipe.model.dtype not in row["dtypes"]:
-        return f"{why}: {name} runs in {' or '.join(row['dtypes'])}, the recipe trains in {recipe.model.dtype}"
-    k = machine.kernel(package)
-    if k.version is None:
-        install = {"flash_attn": "pip install flash-attn --no-build-isolation",
-                   "flash_attn_3": "build flash-attention's hopper/ folder (python setup.py install)",
-                   "bitsandbytes": "pip install 'pytest-ftready[quant]'"}[package]
-        return f"{why}: {package} is not installed ({install})"
-    if k.import_error:
-        return f"{why}: {k.import_error}"
-    return ""
-
-
-def sdpa_backends(machine, device, dtype: str) -> str:
-    if device.kind != "cuda":
-        return "math" if device.kind == "cpu" else "native"
-    cc = machine.gpus[0].capability
-    backends = []
-    if (8, 0) <= cc <= (12, 1) and dtype in ("float16", "bfloat16"):
-        backends.append("flash")
-    if cc >= (5, 0):
-        backends.append("mem_efficient")
-    return ", ".join(backends + ["math"])
 
 
 @check("stack.kernels", stage=STAGES["stack"] + 3)
@@ -267,7 +134,7 @@ def kernels(ctx) -> None:
     if device.missing:
         raise Fail(device.missing)
     rows = {r["name"]: r for r in load("compute")["kernel"]}
-    required = _required_kernels(recipe)
+    required = required_kernels(recipe)
     ctx.measure("kernels_required", ", ".join(n for n, _ in required) or "none", "")
     if recipe.model.attn_implementation == "sdpa":
         ctx.measure("sdpa_backends", sdpa_backends(machine, device, recipe.model.dtype), "")

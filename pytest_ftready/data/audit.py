@@ -181,6 +181,24 @@ def scan_files(paths: Iterable[Path], categories: frozenset[str]) -> tuple[list[
     return found, scanned, time.perf_counter() - start
 
 
+@dataclass(frozen=True)
+class ScanResult:
+    findings: list  # [Located], every category
+    allowlisted: frozenset  # fingerprints the team accepted
+    bytes_scanned: int
+    seconds: float
+    files: int
+
+
+def scan_paths(roots: Iterable[Path], categories: frozenset[str], allowlist: Optional[str]) -> ScanResult:
+    """Scan every file under ``roots`` once for every category; the allowlist read alongside."""
+    from .scan import load_allowlist
+
+    files = [p for p in walk(roots) if p.is_file()]
+    found, scanned, seconds = scan_files(files, categories)
+    return ScanResult(found, load_allowlist(allowlist), scanned, seconds, len(files))
+
+
 # ---- backups -------------------------------------------------------------------------------
 ENCRYPTED_MAGIC = (b"age-encryption.org/", b"-----BEGIN AGE ENCRYPTED", b"-----BEGIN PGP MESSAGE", b"Salted__")
 PLAIN_MAGIC = (b"PK\x03\x04", b"\x1f\x8b", b"(\xb5/\xfd", b"\xfd7zXZ", b"PAR1", b"BZh", b"SQLite format 3")

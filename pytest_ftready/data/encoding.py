@@ -24,6 +24,8 @@ from typing import Iterable, Optional
 from .rows import Row
 
 IGNORE_INDEX = -100
+# Problems that make a row unusable for training (the engine leaves such rows out).
+BLOCKING = frozenset({"render_error", "markers_empty", "truncated_all", "no_supervised"})
 MARKERS = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 

@@ -1,4 +1,4 @@
-"""Work that must run in a fresh process: ``python -m pytest_ftready.worker resume RECIPE
+"""Work that must run in a fresh process: ``python -m pytest_ftready.engine.worker resume RECIPE
 CHECKPOINT STEPS TOTAL DEVICE THREADS`` prints one JSON line with the resumed losses."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def main(argv: list[str]) -> int:
 
     from .loading import load_model, load_tokenizer
     from ..recipe.schema import load_recipe
-    from .training import MissingState, resume_and_train
+    from .checkpoint import MissingState, resume_and_train
 
     torch.set_num_threads(int(threads))
     recipe = load_recipe(recipe_path)

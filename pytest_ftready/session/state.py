@@ -1,9 +1,11 @@
 """Run state, kept in ``config.stash``: the machine (probed once), one ``RecipeState`` per
-recipe with its tokenizer, rows, encoded data and model built lazily and once, the outcome
-of every check, and every measurement."""
+recipe whose facts (tokenizer, rows, encoded data, model, the measured step, the overfit,
+the saved checkpoint, the scan, the sustained run) are computed on demand and once
+(``facts.fact``), the outcome of every check, and every measurement."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -14,8 +16,11 @@ from ..machine.probes import Machine
 from ..recipe.schema import Recipe
 from ..outcomes import Fail
 from ..outputs.measurements import Measurement
+from .facts import computed, fact
 
 PROGRESS_ROWS = 5000  # datasets this long report their encoding progress
+CPU_SHORT_SECONDS = 10.0  # --ftready-cpu-short caps the sustained window
+PROGRESS_EVERY_S = 3.0  # at most one progress line this often per recipe
 
 
 @dataclass
@@ -60,8 +65,11 @@ class RecipeState:
     run: RunState
     outcomes: dict[str, str] = field(default_factory=dict)  # check id -> passed | failed | skipped
     blocked: dict[str, str] = field(default_factory=dict)  # check id -> the failed check that stopped it
-    results: dict[str, Any] = field(default_factory=dict)  # what one check hands to later ones
+    facts: dict[str, Any] = field(default_factory=dict)  # fact name -> value or facts.Failed
     series: dict[str, dict[str, list]] = field(default_factory=dict)  # check -> name -> values
+    asking: Optional[str] = None  # the id of the check whose body runs now
+    timer: Optional[Callable[..., list]] = None  # that check's step timer (pytest-benchmark when active)
+    _last_progress: float = 0.0
 
     @property
     def artifacts(self) -> Path:
@@ -75,69 +83,89 @@ class RecipeState:
     def device(self) -> Device:
         return resolve_device(self.machine, self.recipe.hardware.device)
 
-    def _load_once(self, what: str, load: Callable[[], Any]) -> Any:
-        """Load once; a failure is remembered and becomes each asking check's failure (no retry
-        of a slow hub per check)."""
-        key = f"load:{what}"
-        if key not in self.results:
-            try:
-                self.results[key] = load()
-            except Exception as exc:  # OSError, ValueError, ImportError...: all mean "cannot load"
-                source = self.recipe.model.path or f"{self.recipe.model.id}@{self.recipe.model.revision}"
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                self.results[key] = Fail(f"cannot load the {what} from {source}: {type(exc).__name__}: {first}")
-        if isinstance(self.results[key], Fail):
-            raise self.results[key]
-        return self.results[key]
-
     @property
+    def torch_device(self) -> str:
+        """The torch device string; a Fail if the recipe's device is not on this machine."""
+        if self.device.missing:
+            raise Fail(self.device.missing)
+        return self.device.torch_device
+
+    def progress(self, line: str, force: bool = False) -> None:
+        """A progress line for the terminal while long work runs, at most every few seconds."""
+        now = time.monotonic()
+        if self.run.progress and (force or now - self._last_progress >= PROGRESS_EVERY_S):
+            self._last_progress = now
+            self.run.progress(f"ftready {self.recipe.name}: {line}")
+
+    def _load(self, what: str, load: Callable[[], Any]) -> Any:
+        """Loading failures (OSError, ValueError, ImportError... all mean "cannot load") as one Fail."""
+        try:
+            return load()
+        except Exception as exc:  # noqa: BLE001 - any exception here means the artifact cannot be loaded
+            source = self.recipe.model.path or f"{self.recipe.model.id}@{self.recipe.model.revision}"
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise Fail(f"cannot load the {what} from {source}: {type(exc).__name__}: {first}") from None
+
+    # ---- the model and the data ------------------------------------------------------------
+    @fact
     def tokenizer(self):
+        """The recipe's tokenizer with its chat template override."""
         from ..engine.loading import load_tokenizer
 
-        return self._load_once("tokenizer", lambda: load_tokenizer(self.recipe))
+        return self._load("tokenizer", lambda: load_tokenizer(self.recipe))
 
-    @cached_property
+    @fact
+    def model(self):
+        """The base model on the recipe's device, loaded once per recipe per session."""
+        from ..engine.loading import load_model
+
+        return self._load("model", lambda: load_model(self.recipe, self.torch_device))
+
+    def shared_base(self):
+        return self.model
+
+    @fact
     def rows(self):
         """(rows, problems) of every training file."""
         from ..data.rows import read_rows
 
         return read_rows(self.recipe.data.train)
 
-    @cached_property
+    @fact
     def encoder(self):
+        """The one encoder for this recipe's tokenizer and [data] table."""
         from ..data.encoding import Encoder, stop_token_ids
         from ..engine.loading import generation_eos_ids
 
-        stops = stop_token_ids(self.tokenizer, generation_eos_ids(self.recipe), self.recipe.data.stop_tokens)
-        return Encoder(self.tokenizer, self.recipe.data, stops)
+        try:
+            stops = stop_token_ids(self.tokenizer, generation_eos_ids(self.recipe), self.recipe.data.stop_tokens)
+            return Encoder(self.tokenizer, self.recipe.data, stops)
+        except ValueError as exc:  # no chat template, slow tokenizer, unknown stop token
+            raise Fail(str(exc)) from None
 
-    @cached_property
+    @fact
     def encoded(self):
         """Every well-formed row, encoded: a list of ``Encoded``."""
         from ..data.rows import row_problems
 
-        import time
-
         rows, _ = self.rows
         fmt, train_on = self.recipe.data.format, self.recipe.data.train_on
         encoder, out = self.encoder, []
-        last = time.monotonic()
         for i, row in enumerate(rows, start=1):
             if not row_problems(row, fmt, train_on):
                 out.append(encoder.encode(row))
-            if self.run.progress and len(rows) >= PROGRESS_ROWS and time.monotonic() - last > 2.0:
-                self.run.progress(f"ftready {self.recipe.name}: encoded {i:,} of {len(rows):,} rows")
-                last = time.monotonic()
+            if len(rows) >= PROGRESS_ROWS:
+                self.progress(f"encoded {i:,} of {len(rows):,} rows")
         return out
 
-    @property
+    @fact
     def trainable_examples(self):
         """Encoded rows that train: no problem that would corrupt the loss."""
-        from ..checks.data import BLOCKING
+        from ..data.encoding import BLOCKING
 
         return [e for e in self.encoded if e.trained and not any(k in BLOCKING for k, _ in e.problems)]
 
-    @cached_property
+    @fact
     def dataset(self):
         """The encoded data as a ``datasets.Dataset`` (input_ids, attention_mask, labels)."""
         import datasets
@@ -146,13 +174,96 @@ class RecipeState:
             {"input_ids": list(e.input_ids), "attention_mask": [1] * e.length, "labels": list(e.labels),
              "source": e.row.where} for e in self.trainable_examples])
 
-    @property
-    def model(self):
-        """The base model, loaded once per recipe per session."""
-        from ..engine.loading import load_model
+    @fact
+    def length_p95(self) -> Optional[float]:
+        """The p95 of the untruncated row lengths (the figure data.lengths reports and lever advice quotes)."""
+        from ..units import percentile
 
-        return self._load_once("model", lambda: load_model(self.recipe, self.device.torch_device))
+        return percentile([e.full_length for e in self.encoded], 0.95) or None
 
+    def training_examples(self) -> list:
+        """The trainable examples, or a Fail that says why there are none."""
+        if not self.trainable_examples:
+            raise Fail("no trainable example (see data.format and data.masking)")
+        return self.trainable_examples
+
+    # ---- what the engine measures ------------------------------------------------------------
+    @fact
+    def step(self):
+        """The recipe's worst-case training step, measured (engine.step.StepMeasurement)."""
+        from ..engine.step import measure_step, plain_timer
+
+        return measure_step(self.recipe, self.training_examples(), self.tokenizer.pad_token_id, self.torch_device,
+                            self.shared_base, capacity_bytes=self.device.memory_total_bytes,
+                            count_tensors=not self.device.is_accelerator, timer=self.timer or plain_timer,
+                            rounds=self.recipe.checks.benchmark_rounds)
+
+    @fact
+    def overfit(self):
+        """The overfit of the first ``overfit_examples`` trainable examples (engine.overfit.OverfitResult)."""
+        from ..engine.overfit import overfit
+
+        examples = self.training_examples()[: self.recipe.checks.overfit_examples]
+        first = examples[0]
+        return overfit(self.recipe, examples, self.tokenizer.pad_token_id, self.torch_device, self.shared_base,
+                       prompt_ids=self.encoder.prompt_ids(first.row), stop_ids=self.encoder.stop_ids,
+                       save_to=self.artifacts / "overfit-weights", example_where=first.row.where,
+                       progress=self.progress)
+
+    @fact
+    def saved_run(self):
+        """K uninterrupted steps, and K/2 steps saved as a checkpoint (engine.checkpoint.SavedRun)."""
+        from ..engine.checkpoint import straight_and_half
+
+        steps = max(2, self.recipe.checks.resume_steps // 2 * 2)
+        self.progress(f"training {steps} + {steps // 2} steps for the resume check", force=True)
+        return straight_and_half(self.recipe, self.training_examples(), self.tokenizer.pad_token_id,
+                                 self.torch_device, self.shared_base, self.artifacts / "resume-checkpoint", steps,
+                                 exact=not self.device.is_accelerator)
+
+    @fact
+    def sustained(self):
+        """The recipe's step trained for the sustained window with telemetry (engine.sustained_run)."""
+        from ..engine.sustained_run import run_sustained
+        from ..machine.telemetry import sources_for
+
+        c = self.recipe.checks
+        warmup_s, total_s, window_s = c.warmup_seconds, c.sustained_seconds, c.window_seconds
+        if not self.device.is_accelerator:  # --ftready-cpu-short
+            total_s = min(total_s, CPU_SHORT_SECONDS)
+            warmup_s, window_s = min(warmup_s, total_s / 5), min(window_s, total_s / 5)
+        sources, missing = (self.run.telemetry_factory or sources_for)(self.device, self.machine)
+        return run_sustained(self.recipe, self.training_examples(), self.tokenizer.pad_token_id, self.torch_device,
+                             self.shared_base, warmup_s, total_s, window_s, sources, missing, progress=self.progress)
+
+    # ---- what the hub and the files say --------------------------------------------------------
+    @fact
+    def model_files(self):
+        """The model's files with their sizes (hub metadata, cache, or the local folder)."""
+        from ..machine.hub import HubUnavailable, folder_files
+        from ..outcomes import Skip
+
+        recipe = self.recipe
+        if recipe.model.path:
+            return folder_files(recipe.model.path)
+        try:
+            return self.run.hub.model_files(recipe.model.id, recipe.model.revision, self.run.hub_timeout_s)
+        except HubUnavailable as exc:
+            raise Skip(f"{exc}; set HF_HUB_OFFLINE=0 with network, or download the model first") from None
+
+    @fact
+    def scan(self):
+        """One scan of the training data and [privacy] scan_paths for every category (data.audit.ScanResult)."""
+        from ..data.audit import scan_paths
+
+        return scan_paths([*self.recipe.data.train, *self.recipe.privacy.scan_paths],
+                          frozenset(self.recipe.privacy.scan), self.recipe.privacy.allowlist)
+
+    def computed(self, name: str) -> Any:
+        """A fact some check already computed, else None (e.g. the sustained rate, if measured)."""
+        return computed(self, name)
+
+    # ---- results ------------------------------------------------------------------------------
     def record(self, check: str, name: str, value: Any, unit: str, estimate: bool = False) -> Measurement:
         m = Measurement(recipe=self.recipe.name, check=check, name=name, value=value, unit=unit, estimate=estimate)
         self.run.measurements.append(m)
@@ -163,7 +274,8 @@ class RecipeState:
 
     def failed_prerequisite(self, requires: tuple[str, ...]) -> Optional[str]:
         """The failed check behind a prerequisite: one that failed, or that was itself stopped
-        by a failure further up (data.masking -> model.overfit -> lifecycle.generate)."""
+        by a failure further up (data.masking -> model.overfit -> lifecycle.generate). A
+        prerequisite that did not run (deselected) stops nothing: the facts are computed."""
         for check_id in requires:
             if self.outcomes.get(check_id) == "failed":
                 return check_id

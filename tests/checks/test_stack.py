@@ -11,6 +11,7 @@ from pytest_ftready.outcomes import Fail, Skip
 from pytest_ftready.session.context import CheckContext
 from pytest_ftready.recipe.schema import parse_recipe
 from pytest_ftready.session.state import RunState
+from tests.helpers import fails
 from tests import fakes
 
 BASE = """
@@ -53,13 +54,6 @@ def run(tmp_path):
         return {m.name: m.value for m in ctx.measured}
     return run_on
 
-
-def fails(run, machine, check_id, *expected, **recipe):
-    with pytest.raises(Fail) as info:
-        run(machine, check_id, **recipe)
-    for text in expected:
-        assert text in str(info.value), str(info.value)
-    return str(info.value)
 
 
 def test_current_nvidia_machine_passes_everything(run):

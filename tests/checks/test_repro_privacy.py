@@ -11,15 +11,9 @@ from pathlib import Path
 import pytest
 
 from pytest_ftready.outcomes import Fail
+from tests.helpers import fails
 from tests import planted
 
-
-def fails(run_check, state, check_id, *expected):
-    with pytest.raises(Fail) as info:
-        run_check(state, check_id)
-    for text in expected:
-        assert text in str(info.value), str(info.value)
-    return str(info.value)
 
 
 # ---- pins -------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 from pytest_ftready.recipe.schema import load_recipe
-from tests.integration.test_data_checks import outcomes
+from tests.helpers import outcomes
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -3,19 +3,9 @@
 from __future__ import annotations
 
 import json
-import xml.etree.ElementTree as ET
 
-from tests.unit.test_encoding import CHATML_EOS_OUTSIDE
-
-
-def outcomes(path):
-    out = {}
-    for case in ET.parse(path).getroot().iter("testcase"):
-        kids = {child.tag: child for child in case}
-        state = "failed" if "failure" in kids else "skipped" if "skipped" in kids else "passed"
-        detail = (kids.get("failure") if "failure" in kids else kids.get("skipped"))
-        out[case.get("name")] = (state, (detail.get("message", "") + (detail.text or "")) if detail is not None else "")
-    return out
+from tests.data.test_encoding import CHATML_EOS_OUTSIDE
+from tests.helpers import outcomes
 
 
 def test_bad_rows_fail_data_format_and_skip_what_depends_on_it(pytester, tiny_example):

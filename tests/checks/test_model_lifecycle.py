@@ -10,7 +10,6 @@ import pytest
 
 from pytest_ftready.outcomes import Fail
 from pytest_ftready.data.encoding import IGNORE_INDEX
-from pytest_ftready.session.state import RecipeState
 
 MiB = 1024 ** 2
 
@@ -22,8 +21,9 @@ def test_step_memory_records_peaks_and_hands_the_step_on(make_state, run_check):
     assert names["peak_tensor_bytes"].value > names["weights"].value > 0
     assert names["peak_host_step"].unit == "bytes" and names["optimizer_state"].value > 0
     assert names["activations_and_workspace"].estimate
-    step = state.results["step"]
+    step = state.step
     assert step.tokens_per_step == 4 * 128 and step.tokens_per_s > 0
+    assert step.peak_bytes == names["peak_tensor_bytes"].value  # the check reports the fact it asked for
 
 
 def test_step_that_exceeds_the_device_fails_with_lever_advice(make_state, real_machine, run_check):
@@ -44,7 +44,7 @@ def test_overfit_passes_and_generate_reloads_the_same_model(make_state, run_chec
     losses = state.series["model.overfit"]["loss"]
     assert losses[-1] <= 0.1 < losses[0]
     run_check(state, "lifecycle.generate")
-    assert state.results["overfit"].greedy_ids[-1] in state.encoder.stop_ids
+    assert state.overfit.greedy_ids[-1] in state.encoder.stop_ids
 
 
 def test_learning_rate_zero_fails_overfit(make_state, run_check):
@@ -53,20 +53,20 @@ def test_learning_rate_zero_fails_overfit(make_state, run_check):
         run_check(state, "model.overfit")
 
 
-def test_labels_all_ignored_fail_overfit_with_a_non_finite_loss(make_state, monkeypatch, run_check):
+def test_labels_all_ignored_fail_overfit_with_a_non_finite_loss(make_state, run_check):
     state = make_state()
-    blind = [dataclasses.replace(e, labels=(IGNORE_INDEX,) * e.length) for e in state.trainable_examples]
-    monkeypatch.setattr(RecipeState, "trainable_examples", property(lambda self: blind))
+    state.trainable_examples = [dataclasses.replace(e, labels=(IGNORE_INDEX,) * e.length)
+                                for e in state.trainable_examples]
     with pytest.raises(Fail, match="loss is nan at step 1: no supervised tokens"):
         run_check(state, "model.overfit")
 
 
 def test_merged_model_saved_without_the_adapter_fails_generate(make_state, monkeypatch, run_check):
-    from pytest_ftready.checks import lifecycle
+    from pytest_ftready.engine import generate
 
     state = make_state()
     run_check(state, "model.overfit")
-    monkeypatch.setattr(lifecycle, "merge_and_save", lambda peft_model, folder: peft_model.unload().save_pretrained(folder))
+    monkeypatch.setattr(generate, "merge_and_save", lambda peft_model, folder: peft_model.unload().save_pretrained(folder))
     with pytest.raises(Fail, match=r"the reloaded merged generates .* \(was the adapter merged before saving\?\)"):
         run_check(state, "lifecycle.generate")
 
@@ -74,22 +74,24 @@ def test_merged_model_saved_without_the_adapter_fails_generate(make_state, monke
 @pytest.fixture
 def resumable(make_state, tmp_path):
     """A recipe with dropout (so the RNG matters), its straight losses and a half-way checkpoint."""
-    from pytest_ftready.checks.lifecycle import straight_and_half
+    from pytest_ftready.engine.checkpoint import straight_and_half
 
     state = make_state(dropout="0.1")
     folder = tmp_path / "ckpt"
-    straight = straight_and_half(state, "cpu", folder, 4)
-    return state, folder, straight
+    saved = straight_and_half(state.recipe, state.trainable_examples, state.tokenizer.pad_token_id, "cpu",
+                              state.shared_base, folder, 4)
+    assert saved.checkpoint_bytes > 0 and saved.folder == folder
+    return state, folder, saved.straight_losses
 
 
 def resume(state, folder, **sabotage):
-    from pytest_ftready.engine.training import resume_and_train
+    from pytest_ftready.engine.checkpoint import resume_and_train
 
     return resume_and_train(state.recipe, state.model, folder, 2, "cpu", state.tokenizer.pad_token_id, 4, **sabotage)
 
 
 def test_resume_is_exact_in_process_and_in_a_fresh_process(resumable):
-    from pytest_ftready.checks.lifecycle import compare_losses, resume_in_fresh_process
+    from pytest_ftready.engine.checkpoint import compare_losses, resume_in_fresh_process
 
     state, folder, straight = resumable
     assert resume(state, folder) == straight[2:]
@@ -98,7 +100,7 @@ def test_resume_is_exact_in_process_and_in_a_fresh_process(resumable):
 
 @pytest.mark.parametrize("sabotage", [{"restore_rng": False}, {"scheduler_first": False}], ids=["rng", "scheduler-order"])
 def test_resume_bugs_change_the_loss_and_are_named(resumable, sabotage):
-    from pytest_ftready.checks.lifecycle import compare_losses
+    from pytest_ftready.engine.checkpoint import compare_losses
 
     state, folder, straight = resumable
     difference = compare_losses(straight[2:], resume(state, folder, **sabotage), exact=True)
@@ -108,7 +110,7 @@ def test_resume_bugs_change_the_loss_and_are_named(resumable, sabotage):
 def test_checkpoint_missing_a_piece_of_state_is_named(resumable):
     import torch
 
-    from pytest_ftready.engine.training import STATE_FILE, MissingState, load_state
+    from pytest_ftready.engine.checkpoint import STATE_FILE, MissingState, load_state
 
     _, folder, _ = resumable
     saved = torch.load(folder / STATE_FILE, weights_only=True)
@@ -137,7 +139,7 @@ def test_packing_that_leaks_across_examples_fails(make_state, monkeypatch, run_c
 
 
 def test_a_failure_stops_the_whole_chain_below_it(pytester, tiny_example, edit_recipe):
-    from tests.integration.test_data_checks import outcomes
+    from tests.helpers import outcomes
 
     recipe = edit_recipe(tiny_example / "recipe.toml", target_modules='["query"]')
     result = pytester.runpytest_subprocess(f"--ftready={recipe}", "-k", "model or lifecycle or headroom",

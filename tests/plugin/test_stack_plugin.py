@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.integration.test_data_checks import outcomes
+from tests.helpers import outcomes
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,0 +1,226 @@
+"""Checkpoints with every piece of state a resume needs (weights or adapter, optimizer,
+scheduler, every RNG, data order, step), and the resume that continues from one."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ..files import ensure_private_dir
+from .batches import DataOrder, next_batches
+from .trainable import make_optimizer, make_scheduler, make_trainable, peft_quiet, release_trainable, set_checkpointing, train_step
+
+
+STATE_FILE = "training_state.pt"
+EXAMPLES_FILE = "examples.json"
+REQUIRED_STATE = ("step", "optimizer", "scheduler", "rng.torch", "rng.python", "rng.numpy", "data_order")
+
+
+class MissingState(Exception):
+    """A checkpoint lacks a piece of the state a resume needs."""
+
+
+def rng_state() -> dict:
+    import numpy as np
+    import torch
+
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": [version, list(internal), gauss],
+             "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)]}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(folder: Path, model, optimizer, scheduler, order: DataOrder, step: int,
+                    examples: Sequence) -> Path:
+    """Weights or adapter, optimizer, scheduler, every RNG, data order, step, and the examples."""
+    import torch
+
+
+    folder = ensure_private_dir(Path(folder))
+    model.save_pretrained(ensure_private_dir(folder / "weights"))
+    torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "rng": rng_state(), "data_order": order.state_dict()}, folder / STATE_FILE)
+    (folder / EXAMPLES_FILE).write_text(json.dumps([[list(e.input_ids), list(e.labels)] for e in examples]))
+    return folder
+
+
+def checkpoint_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+
+
+def load_state(folder: Path) -> dict:
+    """The saved training state; MissingState names the first piece that is absent."""
+    import torch
+
+    folder = Path(folder)
+    if not (folder / "weights").is_dir():
+        raise MissingState("weights (the adapter or model folder)")
+    path = folder / STATE_FILE
+    if not path.is_file():
+        raise MissingState(STATE_FILE)
+    state = torch.load(path, weights_only=True)
+    for name in REQUIRED_STATE:
+        node = state
+        for part in name.split("."):
+            if not isinstance(node, dict) or part not in node:
+                raise MissingState(name)
+            node = node[part]
+    return state
+
+
+@dataclass(frozen=True)
+class PlainExample:
+    input_ids: tuple
+    labels: tuple
+
+
+def load_examples(folder: Path) -> list[PlainExample]:
+    return [PlainExample(tuple(i), tuple(l)) for i, l in json.loads((Path(folder) / EXAMPLES_FILE).read_text())]
+
+
+def resume_and_train(recipe, base, folder: Path, steps: int, device: str, pad_id: int, total_steps: int,
+                     restore_rng: bool = True, scheduler_first: bool = True) -> list[float]:
+    """Load a checkpoint onto ``base`` and train ``steps`` more; returns their losses.
+    ``restore_rng=False`` / ``scheduler_first=False`` reproduce the usual resume bugs (tests)."""
+    state = load_state(folder)
+    if recipe.adapter.method == "lora":
+        from peft import PeftModel
+
+        if recipe.training.gradient_checkpointing:
+            set_checkpointing(base, True)
+        with peft_quiet():
+            model = PeftModel.from_pretrained(base, str(Path(folder) / "weights"), is_trainable=True)
+    else:
+        model = make_trainable(_load_full(recipe, folder, device), recipe)
+    model.train()
+    optimizer = make_optimizer(model, recipe)
+    if scheduler_first:  # the LambdaLR must exist before the optimizer state is loaded
+        scheduler = make_scheduler(optimizer, recipe, total_steps)
+        optimizer.load_state_dict(state["optimizer"])
+    else:
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler = make_scheduler(optimizer, recipe, total_steps)
+    scheduler.load_state_dict(state["scheduler"])
+    examples = load_examples(folder)
+    order = DataOrder(len(examples), recipe.training.micro_batch_size, recipe.training.seed)
+    order.load_state_dict(state["data_order"])
+    if restore_rng:
+        set_rng_state(state["rng"])
+    losses = []
+    for _ in range(steps):
+        batches = next_batches(order, examples, recipe.training.gradient_accumulation_steps, pad_id)
+        losses.append(train_step(model, optimizer, scheduler, batches, device))
+    if recipe.adapter.method == "lora":
+        release_trainable(model, recipe)
+    return losses
+
+
+def _load_full(recipe, folder: Path, device: str):
+    from transformers import AutoModelForCausalLM
+
+    from .loading import torch_dtype
+
+    model = AutoModelForCausalLM.from_pretrained(str(Path(folder) / "weights"), dtype=torch_dtype(recipe.model.dtype),
+                                                 attn_implementation=recipe.model.attn_implementation)
+    return model.to(device)
+
+
+
+
+# ---- the resume experiment ------------------------------------------------------------------
+@dataclass(frozen=True)
+class SavedRun:
+    """``steps`` uninterrupted losses, and a second run of the first half saved to ``folder``."""
+
+    straight_losses: list
+    folder: Path
+    steps: int
+    checkpoint_bytes: int
+    exact: bool  # CPU: the resumed losses must be equal; GPU kernels may differ in the last bits
+
+
+def straight_and_half(recipe, examples: Sequence, pad_id: int, torch_device: str, shared_base, folder: Path,
+                      steps: int, exact: bool = True) -> SavedRun:
+    """Losses of ``steps`` uninterrupted steps; then a second run of steps/2 saved to ``folder``.
+    Fails when the two runs differ before any resume (nothing could then be compared)."""
+    from ..outcomes import Fail
+    from .trainable import trainable
+
+    t = recipe.training
+    examples = list(examples[: max(2, t.micro_batch_size * t.gradient_accumulation_steps * steps)])
+    runs = []
+    for length in (steps, steps // 2):
+        with trainable(recipe, torch_device, shared_base) as model:
+            optimizer = make_optimizer(model, recipe)
+            scheduler = make_scheduler(optimizer, recipe, steps)
+            order = DataOrder(len(examples), t.micro_batch_size, t.seed)
+            losses = [train_step(model, optimizer, scheduler,
+                                 next_batches(order, examples, t.gradient_accumulation_steps, pad_id), torch_device)
+                      for _ in range(length)]
+            if length == steps // 2:
+                save_checkpoint(folder, model, optimizer, scheduler, order, length, examples)
+            runs.append(losses)
+    if compare_losses(runs[0][: steps // 2], runs[1], exact):
+        raise Fail(f"two runs from the same seed differ before any resume ({runs[0][:steps // 2]} vs {runs[1]}): "
+                   "training is not deterministic here, so resume cannot be checked"
+                   + ("" if exact else " (set torch.use_deterministic_algorithms(True) and CUBLAS_WORKSPACE_CONFIG)"))
+    return SavedRun(runs[0], Path(folder), steps, checkpoint_bytes(folder), exact)
+
+
+def resume_in_fresh_process(recipe, folder: Path, steps: int, total: int, torch_device: str,
+                            timeout_s: float | None = None) -> list[float]:
+    """Resume the checkpoint in a new Python process (nothing shared with this one) and train
+    ``steps`` more; their losses. A worker that fails, or outlives ``timeout_s``, is a Fail."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    from ..outcomes import Fail
+
+    cmd = [sys.executable, "-m", "pytest_ftready.engine.worker", "resume", str(recipe.source), str(folder), str(steps),
+           str(total), torch_device, str(torch.get_num_threads())]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    except subprocess.TimeoutExpired:  # subprocess.run kills the worker before raising
+        raise Fail(f"the resume worker did not finish within {timeout_s:.0f} s and was stopped") from None
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise Fail(f"the resume in a fresh process failed (exit {proc.returncode}): "
+                   f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+    payload = json.loads(lines[-1])
+    if "missing" in payload:
+        raise Fail(f"the checkpoint lacks {payload['missing']}: a resume cannot continue the run")
+    return payload["losses"]
+
+
+def compare_losses(straight: Sequence[float], resumed: Sequence[float], exact: bool) -> str:
+    """'' when they match, else what differs."""
+    tolerance = 0.0 if exact else 1e-3
+    for i, (a, b) in enumerate(zip(straight, resumed)):
+        if abs(a - b) > tolerance * max(1.0, abs(a)):
+            return (f"step {i + 1} after the resume: loss {b:.6f}, uninterrupted {a:.6f} (difference {abs(a - b):.3g}); "
+                    "check that the scheduler is built before the optimizer state is loaded, and that every RNG "
+                    "(torch, python, numpy, data order) is restored")
+    return ""

@@ -1,0 +1,102 @@
+"""The overfit of a tiny sample: train a few examples until the loss threshold or the step
+limit, verify trainable weights changed and frozen ones did not, save the trained weights,
+and tell apart why a loss did not get there (broken, still falling, plateaued)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from ..files import ensure_private_dir
+from ..outcomes import Fail
+from .batches import collate
+from .generate import greedy
+from .trainable import make_optimizer, make_scheduler, param_fingerprints, train_step, trainable
+
+
+@dataclass(frozen=True)
+class OverfitResult:
+    losses: list
+    reached: bool
+    adapter_dir: Path  # the saved trained weights / adapter
+    prompt_ids: list
+    greedy_ids: list  # the in-memory trained model's greedy answer to prompt_ids
+    example_where: str
+    target_loss: float = 0.0
+    learning_rate: float = 0.0
+
+
+def overfit(recipe, examples: Sequence, pad_id: int, torch_device: str, shared_base: Callable[[], Any], *,
+            prompt_ids: list, stop_ids, save_to: Path, example_where: str,
+            progress: Optional[Callable[[str], None]] = None) -> OverfitResult:
+    """Train ``examples`` (already the overfit sample) for at most ``overfit_steps`` steps."""
+    checks = recipe.checks
+    if not examples:
+        raise Fail("no trainable example to overfit (see data.masking)")
+    mb = recipe.training.micro_batch_size
+    batches = [collate(examples[i:i + mb], pad_id) for i in range(0, len(examples), mb)]
+    with trainable(recipe, torch_device, shared_base) as model:
+        frozen_before = param_fingerprints(model, trainable=False)
+        trained_before = param_fingerprints(model, trainable=True)
+        optimizer = make_optimizer(model, recipe)
+        scheduler = make_scheduler(optimizer, recipe, checks.overfit_steps, constant=True)
+        losses: list[float] = []
+        for step in range(1, checks.overfit_steps + 1):
+            loss = train_step(model, optimizer, scheduler, batches, torch_device)
+            losses.append(loss)
+            if not math.isfinite(loss):
+                raise Fail(f"loss is {loss} at step {step}: no supervised tokens (labels all -100?), or a "
+                           f"learning rate too high for {recipe.model.dtype} (learning_rate = "
+                           f"{recipe.training.learning_rate})")
+            if progress:
+                progress(f"model.overfit step {step}/{checks.overfit_steps}, loss {loss:.4f} "
+                         f"(target {checks.overfit_loss})")
+            if loss <= checks.overfit_loss:
+                break
+        changed_frozen = [n for n, fp in param_fingerprints(model, trainable=False).items() if fp != frozen_before[n]]
+        after = param_fingerprints(model, trainable=True)
+        unchanged = [n for n, fp in after.items() if fp == trained_before[n]]
+        if changed_frozen:
+            raise Fail(f"{len(changed_frozen)} frozen parameters changed during training, e.g. {changed_frozen[0]}")
+        if unchanged and len(unchanged) == len(after):
+            raise Fail(f"no trainable parameter changed in {len(losses)} steps (learning_rate = "
+                       f"{recipe.training.learning_rate}): the optimizer does not update the model")
+        answer = greedy(model, prompt_ids, checks.max_new_tokens, stop_ids, pad_id, torch_device)
+        model.save_pretrained(ensure_private_dir(save_to))
+    return OverfitResult(losses, losses[-1] <= checks.overfit_loss, save_to, list(prompt_ids), answer, example_where,
+                         checks.overfit_loss, recipe.training.learning_rate)
+
+
+def slope(values: Sequence[float]) -> float:
+    """Least-squares slope of ``values`` against their index (change per step)."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean_x, mean_y = (n - 1) / 2, sum(values) / n
+    num = sum((i - mean_x) * (v - mean_y) for i, v in enumerate(values))
+    den = sum((i - mean_x) ** 2 for i in range(n))
+    return num / den
+
+
+def diagnose(losses: Sequence[float], target: float, learning_rate: float) -> str:
+    """Why a finite loss curve did not reach ``target``: flat or rising (broken labels,
+    template or optimizer), still falling (more steps), or falling then stuck (capacity/LR)."""
+    first, last = losses[0], losses[-1]
+    n = len(losses)
+    fall = (first - last) / first if first > 0 else 0.0
+    if fall < 0.10:
+        return (f"the loss did not fall ({first:.3f} -> {last:.3f} in {n} steps): labels, template or optimizer "
+                f"settings are broken (learning_rate = {learning_rate}); check data.masking's examples")
+    tail = losses[-max(5, n // 4):]
+    per_step = slope(tail)
+    head = f"the loss fell {fall:.0%} ({first:.3f} -> {last:.3f} in {n} steps)"
+    if per_step < 0 and (last - target) / -per_step < 20 * n:
+        more = math.ceil((last - target) / -per_step)
+        return (f"{head} and is still falling ({per_step:.3g} per step over the last {len(tail)} steps) but has not "
+                f"reached overfit_loss {target}: at this slope it needs ~{more} more steps; raise [checks] "
+                f"overfit_steps to ~{n + more}, or raise learning_rate (now {learning_rate})")
+    return (f"{head} and then stopped falling ({per_step:.3g} per step over the last {len(tail)} steps) above "
+            f"overfit_loss {target}: the adapter may be too small or the learning rate too low or too high "
+            f"(learning_rate = {learning_rate}); raise [adapter] r or learning_rate, or target more modules")

@@ -1,0 +1,29 @@
+"""What the tests share: reading a JUnit file into outcomes, and expecting a check to fail."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from pytest_ftready.outcomes import Fail
+
+
+def outcomes(junit_path) -> dict[str, tuple[str, str]]:
+    """check name -> (passed | failed | skipped, the failure or skip message)."""
+    out = {}
+    for case in ET.parse(junit_path).getroot().iter("testcase"):
+        kids = {child.tag: child for child in case}
+        state = "failed" if "failure" in kids else "skipped" if "skipped" in kids else "passed"
+        detail = kids.get("failure") if "failure" in kids else kids.get("skipped")
+        out[case.get("name")] = (state, (detail.get("message", "") + (detail.text or "")) if detail is not None else "")
+    return out
+
+
+def fails(runner, subject, check_id: str, *expected: str, **options) -> str:
+    """``runner(subject, check_id, **options)`` raises Fail whose message holds every ``expected`` text."""
+    with pytest.raises(Fail) as info:
+        runner(subject, check_id, **options)
+    for text in expected:
+        assert text in str(info.value), str(info.value)
+    return str(info.value)
