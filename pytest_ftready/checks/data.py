@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..data.encoding import mask_runs, render_example
+from ..data.lengths import padding_waste
 from ..files import write_private
 from ..units import percentile
 from ..data.rows import row_problems
@@ -52,16 +53,6 @@ def encoded_rows(ctx, purpose: str) -> list:
     if not encoded:
         raise Fail(f"no well-formed row to {purpose} (see data.format)")
     return encoded
-
-
-def padding_waste(lengths: list[int], micro_batch: int) -> float:
-    """Share of pad tokens when batches of ``micro_batch`` rows are padded to their longest."""
-    total = padded = 0
-    for start in range(0, len(lengths), micro_batch):
-        batch = lengths[start:start + micro_batch]
-        total += sum(batch)
-        padded += max(batch) * len(batch)
-    return 0.0 if padded == 0 else 1.0 - total / padded
 
 
 def masking_report(tokenizer, examples: list, method: str) -> str:

@@ -3,6 +3,7 @@ measured throughput finishes the data within the time budget."""
 
 from __future__ import annotations
 
+from ..data.lengths import tokens_to_process
 from ..units import human_bytes
 from ..outcomes import Fail
 from .registry import STAGES, check
@@ -31,17 +32,6 @@ def disk(ctx) -> None:
                    f"less the {budget.disk_headroom:.0%} disk_headroom): lower save_total_limit or free space")
 
 
-def tokens_to_process(lengths: list[int], micro_batch: int, packing: bool, max_length: int) -> int:
-    """Token positions one epoch processes: padded to the longest in each micro-batch, or packed."""
-    if packing:
-        return sum(lengths)
-    total = 0
-    for start in range(0, len(lengths), micro_batch):
-        batch = lengths[start:start + micro_batch]
-        total += max(batch) * len(batch)
-    return total
-
-
 @check("headroom.time", stage=STAGES["headroom"] + 1, requires=("model.step_memory",))
 def time_(ctx) -> None:
     """Tokens to train / measured tokens per second, plus evaluation and retry margin, fits max_hours."""
@@ -57,7 +47,7 @@ def time_(ctx) -> None:
             raise Fail("the worst-case step runs out of memory (see model.step_memory): no throughput to plan with")
         rate, source = step.tokens_per_s, "model.step_memory (worst-case batch)"
     lengths = [e.length for e in state.trainable_examples]
-    per_epoch = tokens_to_process(lengths, recipe.training.micro_batch_size, recipe.data.packing, recipe.data.max_length)
+    per_epoch = tokens_to_process(lengths, recipe.training.micro_batch_size, recipe.data.packing)
     tokens = per_epoch * recipe.training.epochs
     budget = recipe.budget
     train_h = tokens / rate / 3600
