@@ -38,3 +38,18 @@ def test_first_token_latency_after_warmup(ftready_model, ftready_tokenizer, ftre
     with torch.no_grad():
         out = benchmark(lambda: ftready_model.generate(**prompt, max_new_tokens=16, do_sample=False))
     ftready_measure("generated_tokens", int(out.shape[1] - prompt["input_ids"].shape[1]), "tokens")
+
+
+@pytest.mark.ftready_variants(micro_batch_size=[1, 2, 4], gradient_checkpointing=[False, True])
+def test_our_step_fits_a_24gb_card(ftready_step, ftready_measure):
+    """Our step must fit a 24 GB card at micro-batch 1, 2 and 4, with and without checkpointing:
+    six items, each measuring the recipe's real worst-case step for its variant."""
+    ftready_measure("peak_bytes", ftready_step.peak_bytes, "bytes")
+    assert ftready_step.peak_bytes <= 0.9 * 24 * 1024 ** 3
+
+
+@pytest.mark.accelerator(min_memory="24GiB", dtype="bfloat16")
+def test_bf16_step_runs_where_we_train(ftready_step, ftready_measure):
+    """Only on a GPU with 24 GiB or more and native bf16 (skipped elsewhere, with the reason)."""
+    ftready_measure("tokens_per_s", ftready_step.tokens_per_s, "tokens/s")
+    assert ftready_step.fits(0.10), ftready_step.out_of_memory or "the step does not leave 10% headroom"

@@ -120,3 +120,47 @@ class CheckItem(pytest.Function):
             if outcome is pytest.fail:
                 pytest.fail(message, pytrace=False)
             pytest.skip(message)
+
+
+def check_accelerator_marker(definition) -> None:
+    """``@pytest.mark.accelerator(...)`` arguments are validated at collection (ValueError)."""
+    from .machine.requirements import parse_requirements
+
+    for marker in definition.iter_markers("accelerator"):
+        try:
+            parse_requirements(marker.args, marker.kwargs)
+        except ValueError as exc:
+            raise ValueError(f"@pytest.mark.accelerator: {exc}") from None
+
+
+def user_test_params(metafunc, run) -> list[tuple[str, object]] | None:
+    """(id, param) pairs for a user test that uses the ftready fixtures: one per recipe it runs
+    for (``ftready_recipes``) and per variant (``ftready_variants``); None when there is one
+    recipe and no variant (nothing to parametrize)."""
+    from .recipe.schema import load_recipe
+    from .recipe.variants import Variant, expand, matches
+
+    paths = run.recipe_paths
+    if not paths:
+        return None
+    wanted = [name for m in metafunc.definition.iter_markers("ftready_recipes") for name in m.args]
+    lists: dict = {}
+    for marker in metafunc.definition.iter_markers("ftready_variants"):
+        if marker.args:
+            raise ValueError(f"@pytest.mark.ftready_variants takes keyword lists (key=[values]), got {marker.args!r}")
+        lists = {**marker.kwargs, **lists}  # the closest marker wins per key
+    recipes = [load_recipe(p) for p in paths]
+    invocation = metafunc.config.invocation_params.dir
+    if wanted:
+        recipes = [r for r in recipes if any(matches(r, w, invocation) for w in wanted)]
+        if not recipes:
+            return [("no-recipe", f"ftready_recipes{tuple(wanted)} names none of this run's recipes "
+                                  f"({', '.join(p.name for p in paths)})")]
+    if len(recipes) == 1 and not lists and not wanted:
+        return None
+    params = []
+    for recipe in recipes:
+        prefix = recipe.name if len(paths) > 1 else ""
+        for variant in (expand(recipe, lists) if lists else [Variant(recipe.source, (), "", recipe)]):
+            params.append(("-".join(x for x in (prefix, variant.id) if x) or recipe.name, variant))
+    return params

@@ -9,13 +9,20 @@ import pytest
 from . import hookspec, options
 from .outputs import measurements, report
 from .files import write_json, write_private
-from .collect import RUN_KEY, RecipeFile
+from .collect import RUN_KEY, RecipeFile, check_accelerator_marker, user_test_params
 from .session.state import RunState
 
 MARKERS = {
     "ftready": "a pytest-ftready readiness check",
-    "accelerator": "needs a CUDA/ROCm GPU or an Apple GPU; skipped with a reason elsewhere",
+    "accelerator(kind='any', min_memory=None, capability=None, dtype=None, kernels=())":
+        "needs a CUDA/ROCm GPU or an Apple GPU, and, when given, kind (cuda|rocm|mps), at least min_memory "
+        "('24GiB'), a compute capability ('>=8.0', 'sm_80'), a native dtype ('bfloat16', 'float8', 'tf32') and "
+        "working kernels (['flash_attention_2', 'bitsandbytes']); skipped with the reason elsewhere",
     "nightly": "long-running (sustained throughput, lever sweeps); deselected unless -m nightly or --ftready-nightly",
+    "ftready_variants(**lists)": "run the test once per combination of recipe values, e.g. "
+        "ftready_variants(micro_batch_size=[1, 2], gradient_checkpointing=[False, True]); every ftready_* "
+        "fixture (model, dataset, step...) reflects the variant, built once per variant",
+    "ftready_recipes(*names_or_paths)": "run the test only for these recipes (name, file name or path; default: all)",
 }
 MISSING_KEY = pytest.StashKey[list]()
 
@@ -113,14 +120,23 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 def pytest_runtest_setup(item) -> None:
-    """The accelerator marker on a user's own test: skipped with a reason where there is none."""
+    """The accelerator marker on a user's own test: skipped, with the reason, where the machine
+    does not meet it (a bare marker: any GPU; --ftready-cpu-short lets a bare one run on a CPU)."""
     run = item.config.stash.get(RUN_KEY, None)
-    if run is None or hasattr(item, "spec") or item.get_closest_marker("accelerator") is None:
+    marker = item.get_closest_marker("accelerator")
+    if run is None or hasattr(item, "spec") or marker is None:
         return
-    if run.machine.accelerator is None and not run.cpu_short:
-        from .machine.devices import no_accelerator_reason
+    from .machine.requirements import parse_requirements, unmet
 
-        pytest.skip(f"needs a CUDA/ROCm GPU or an Apple GPU: {no_accelerator_reason(run.machine)}")
+    try:
+        wanted = parse_requirements(marker.args, marker.kwargs)
+    except ValueError as exc:
+        pytest.fail(f"@pytest.mark.accelerator: {exc}", pytrace=False)
+    if run.cpu_short and not (marker.args or marker.kwargs) and run.machine.accelerator is None:
+        return
+    reasons = unmet(wanted, run.machine)
+    if reasons:
+        pytest.skip("; ".join(reasons))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -143,8 +159,9 @@ def pytest_sessionfinish(session) -> None:
     run = session.config.stash.get(RUN_KEY, None)
     if run is None:
         return
-    for state in run.recipes.values():
-        mine = [m for m in run.measurements if m.recipe == state.recipe.name]
+    for state in run.recipes.values():  # a recipe's report holds its variants' measurements too
+        name = state.recipe.name
+        mine = [m for m in run.measurements if m.recipe == name or m.recipe.startswith(name + "[")]
         write_json(state.artifacts / "measurements.json", measurements.measurements_payload(mine))
         if state.series:
             write_json(state.artifacts / "series.json", state.series)
@@ -161,25 +178,39 @@ def pytest_benchmark_update_json(config, benchmarks, output_json) -> None:
 
 # ---- public fixtures -------------------------------------------------------------------
 def pytest_generate_tests(metafunc) -> None:
+    """Validate accelerator(...) arguments; parametrize tests using the fixtures over recipes and variants."""
+    from .recipe.schema import RecipeError
+
     run = metafunc.config.stash.get(RUN_KEY, None)
-    if run and "_ftready_state" in metafunc.fixturenames and len(run.recipe_paths) > 1:
-        metafunc.parametrize("_ftready_state", run.recipe_paths, indirect=True, scope="session",
-                             ids=[p.stem for p in run.recipe_paths])
+    try:
+        check_accelerator_marker(metafunc.definition)
+        params = user_test_params(metafunc, run) if run and "_ftready_state" in metafunc.fixturenames else None
+    except (ValueError, RecipeError) as exc:  # a collection error naming the test
+        pytest.fail(f"{metafunc.definition.nodeid}: {exc}", pytrace=False)
+    if params is not None:
+        metafunc.parametrize("_ftready_state", [value for _, value in params], indirect=True, scope="session",
+                             ids=[param_id for param_id, _ in params])
 
 
 @pytest.fixture(scope="session")
 def _ftready_state(request):
     from .recipe.schema import RecipeError, load_recipe
+    from .recipe.variants import Variant
 
     run = request.config.stash[RUN_KEY]
     paths = run.recipe_paths
     if not paths:
         pytest.skip("no ftready recipe: pass --ftready=recipe.toml or set ftready = recipe.toml in the ini file")
-    path = getattr(request, "param", paths[0])
+    variant = getattr(request, "param", None)
+    if variant is None:
+        variant = Variant(paths[0])
+    elif isinstance(variant, str):  # ftready_recipes named none of this run's recipes
+        pytest.skip(variant)
     try:
-        return run.recipe_state(load_recipe(path))
+        recipe = load_recipe(variant.recipe_path)
     except RecipeError as exc:
         pytest.fail(str(exc), pytrace=False)
+    return run.variant_state(variant.recipe, variant.id) if variant.changes else run.recipe_state(recipe)
 
 
 def _fact(state, name: str):
@@ -242,6 +273,7 @@ def ftready_measure(_ftready_state, request):
     bench = (lambda: request.getfixturevalue("benchmark")) if "benchmark" in request.fixturenames else None
     ctx = CheckContext(_ftready_state, spec, request.node.user_properties, bench)
     yield ctx.measure
-    if bench is not None:  # the test timed something itself: its JSON entry carries the values too
-        ctx._bench = bench()
+    if bench is not None:  # the test timed something itself: its JSON entry carries the values too,
+        ctx._bench = bench()  # one benchmark group per test, one row per recipe / variant
+        ctx._bench.group = ctx._bench.group or f"ftready {request.node.originalname}"
         ctx.finish()

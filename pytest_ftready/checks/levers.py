@@ -28,28 +28,22 @@ def advice(ctx) -> None:
 
 
 def sweep_variants(recipe) -> list[tuple[str, dict]]:
-    """(id, {(table, key): value}) for the recipe itself and each lever it allows."""
+    """(id, {"table.key": value}) for the recipe itself and each lever it allows."""
     t, d, m = recipe.training, recipe.data, recipe.model
     out = [("recipe", {})]
     out.append((f"checkpointing={'off' if t.gradient_checkpointing else 'on'}",
-                {("training", "gradient_checkpointing"): not t.gradient_checkpointing}))
+                {"training.gradient_checkpointing": not t.gradient_checkpointing}))
     if t.micro_batch_size > 1:
-        out.append((f"micro_batch={t.micro_batch_size // 2}", {("training", "micro_batch_size"): t.micro_batch_size // 2}))
-    out.append((f"micro_batch={t.micro_batch_size * 2}", {("training", "micro_batch_size"): t.micro_batch_size * 2}))
+        out.append((f"micro_batch={t.micro_batch_size // 2}", {"training.micro_batch_size": t.micro_batch_size // 2}))
+    out.append((f"micro_batch={t.micro_batch_size * 2}", {"training.micro_batch_size": t.micro_batch_size * 2}))
     if d.max_length >= 32:
-        out.append((f"max_length={d.max_length // 2}", {("data", "max_length"): d.max_length // 2}))
+        out.append((f"max_length={d.max_length // 2}", {"data.max_length": d.max_length // 2}))
     for attn in ("eager", "sdpa", "flash_attention_2"):
         if attn != m.attn_implementation:
-            out.append((f"attn={attn}", {("model", "attn_implementation"): attn}))
+            out.append((f"attn={attn}", {"model.attn_implementation": attn}))
     if t.optimizer == "adamw":
-        out.append(("optimizer=adamw_8bit", {("training", "optimizer"): "adamw_8bit"}))
+        out.append(("optimizer=adamw_8bit", {"training.optimizer": "adamw_8bit"}))
     return out
-
-
-def apply_variant(recipe, changes: dict):
-    for (table, key), value in changes.items():
-        recipe = recipe.set(table, getattr(recipe, table).set(key, value))
-    return recipe
 
 
 @check("levers.sweep", stage=STAGES["levers"] + 1, accelerator=True, nightly=True,
@@ -57,12 +51,13 @@ def apply_variant(recipe, changes: dict):
 def sweep(ctx) -> None:
     """One lever variant: peak memory and tokens/s of the real step, in the recipe's benchmark group."""
     from ..engine.step import measure_step
+    from ..recipe.schema import with_changes
     from ..machine.compat import load
     from ..machine.compatibility import kernel_problem
 
     state = ctx.state
     device = ctx.torch_device()
-    variant = apply_variant(ctx.recipe, ctx.param)
+    variant = with_changes(ctx.recipe, ctx.param, "levers.sweep")
     rows = {r["name"]: r for r in load("compute")["kernel"]}
     needs = [("flash_attention_2", "attn=flash_attention_2", variant.model.attn_implementation == "flash_attention_2"),
              ("bitsandbytes", "optimizer=adamw_8bit", variant.training.optimizer == "adamw_8bit")]

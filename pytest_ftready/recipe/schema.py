@@ -387,3 +387,36 @@ def _cross_checks(parser: _Parser, t: dict[str, PRecord]) -> None:
 
 def is_commit_hash(revision: str) -> bool:
     return bool(HEX40.match(revision))
+
+
+def key_location(name: str, path: Path | str, where: str) -> tuple[str, str]:
+    """A recipe key as written in a variant: ``"micro_batch_size"`` (unique across tables) or
+    ``"training.micro_batch_size"`` -> ``("training", "micro_batch_size")``."""
+    if "." in name:
+        table, _, key = name.partition(".")
+        if table in SCHEMA and key in SCHEMA[table]:
+            return table, key
+    else:
+        tables = [table for table, keys in SCHEMA.items() if name in keys]
+        if len(tables) == 1:
+            return tables[0], name
+        if tables:
+            raise RecipeError(path, f"{where} {name}", "is a key of " + ", ".join(f"[{t}]" for t in tables)
+                              + f": write {tables[0]}.{name} (table.key)")
+    every = [f"{t}.{k}" for t, keys in SCHEMA.items() for k in keys] + [k for keys in SCHEMA.values() for k in keys]
+    raise RecipeError(path, f"{where} {name}", "unknown recipe key" + _did_you_mean(name, every))
+
+
+def with_changes(recipe: Recipe, changes: dict[str, Any], where: str = "variant") -> Recipe:
+    """The recipe with ``changes`` ({key: value}, keys as ``key_location`` reads them) applied
+    and validated like the file itself: a value the schema refuses is a RecipeError."""
+    parser = _Parser(Path(recipe.source))
+    tables = {table: getattr(recipe, table) for table in SCHEMA}
+    for name, raw in changes.items():
+        table, key = key_location(name, recipe.source, where)
+        value = parser.value(table, key, SCHEMA[table][key], _plain(raw) if isinstance(raw, Path) else raw)
+        tables[table] = tables[table].set(key, value)
+    _cross_checks(parser, tables)
+    for table, record in tables.items():
+        recipe = recipe.set(table, record)
+    return recipe

@@ -35,6 +35,8 @@ class RunState:
     telemetry_factory: Optional[Callable[..., Any]] = None  # (device, machine) -> (sources, missing); tests: fake NVML
     progress: Optional[Callable[[str], None]] = None  # a line for the terminal while long work runs
     recipes: dict[Path, "RecipeState"] = field(default_factory=dict)
+    variants: dict[tuple, "RecipeState"] = field(default_factory=dict)  # (source, variant id) -> state
+    models: dict[tuple, Any] = field(default_factory=dict)  # ([model] table, device) -> the loaded base model
     measurements: list[Measurement] = field(default_factory=list)
 
     @cached_property
@@ -58,6 +60,20 @@ class RunState:
             state = self.recipes[recipe.source] = RecipeState(recipe=recipe, run=self)
         return state
 
+    def variant_state(self, variant_recipe: Recipe, variant_id: str) -> "RecipeState":
+        """The state of one ``ftready_variants`` combination: its own facts, built once per session."""
+        key = (variant_recipe.source, variant_id)
+        if key not in self.variants:
+            self.variants[key] = RecipeState(recipe=variant_recipe, run=self, variant=variant_id)
+        return self.variants[key]
+
+    def base_model(self, recipe: Recipe, torch_device: str, load: Callable[[], Any]) -> Any:
+        """Recipes (and variants) whose [model] tables are equal share one loaded base model."""
+        key = (tuple(sorted((k, str(v)) for k, v in recipe.model.items())), torch_device)
+        if key not in self.models:
+            self.models[key] = load()
+        return self.models[key]
+
 
 @dataclass
 class RecipeState:
@@ -67,13 +83,20 @@ class RecipeState:
     blocked: dict[str, str] = field(default_factory=dict)  # check id -> the failed check that stopped it
     facts: dict[str, Any] = field(default_factory=dict)  # fact name -> value or facts.Failed
     series: dict[str, dict[str, list]] = field(default_factory=dict)  # check -> name -> values
+    variant: str = ""  # the ftready_variants id ("micro_batch_size=2-...") of a variant's state
     asking: Optional[str] = None  # the id of the check whose body runs now
     timer: Optional[Callable[..., list]] = None  # that check's step timer (pytest-benchmark when active)
     _last_progress: float = 0.0
 
     @property
+    def label(self) -> str:
+        """The recipe's name, with the variant for a variant's state: ``tiny[micro_batch_size=2]``."""
+        return f"{self.recipe.name}[{self.variant}]" if self.variant else self.recipe.name
+
+    @property
     def artifacts(self) -> Path:
-        return self.run.artifacts_root / self.recipe.name
+        base = self.run.artifacts_root / self.recipe.name
+        return base / "variants" / self.variant if self.variant else base
 
     @property
     def machine(self) -> Machine:
@@ -95,7 +118,7 @@ class RecipeState:
         now = time.monotonic()
         if self.run.progress and (force or now - self._last_progress >= PROGRESS_EVERY_S):
             self._last_progress = now
-            self.run.progress(f"ftready {self.recipe.name}: {line}")
+            self.run.progress(f"ftready {self.label}: {line}")
 
     def _load(self, what: str, load: Callable[[], Any]) -> Any:
         """Loading failures (OSError, ValueError, ImportError... all mean "cannot load") as one Fail."""
@@ -119,7 +142,8 @@ class RecipeState:
         """The base model on the recipe's device, loaded once per recipe per session."""
         from ..engine.loading import load_model
 
-        return self._load("model", lambda: load_model(self.recipe, self.torch_device))
+        device = self.torch_device
+        return self.run.base_model(self.recipe, device, lambda: self._load("model", lambda: load_model(self.recipe, device)))
 
     def shared_base(self):
         return self.model
@@ -265,7 +289,7 @@ class RecipeState:
 
     # ---- results ------------------------------------------------------------------------------
     def record(self, check: str, name: str, value: Any, unit: str, estimate: bool = False) -> Measurement:
-        m = Measurement(recipe=self.recipe.name, check=check, name=name, value=value, unit=unit, estimate=estimate)
+        m = Measurement(recipe=self.label, check=check, name=name, value=value, unit=unit, estimate=estimate)
         self.run.measurements.append(m)
         return m
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pytest_ftready.checks.registry import REGISTRY, all_checks
-from pytest_ftready.outcomes import Fail, Skip
+from pytest_ftready.outcomes import Skip
 from pytest_ftready.session.context import CheckContext
 from pytest_ftready.recipe.schema import parse_recipe
 from pytest_ftready.session.state import RunState

@@ -12,7 +12,7 @@ def test_mismatches_name_each_differing_or_missing_pin():
     torch_version = installed("torch")
     pins = {"torch": torch_version.split("+")[0], "pytest": "0.0.1", "not-a-real-package-xyz": "1.0"}
     found = mismatches(pins, matter=["not-a-real-package-xyz"])
-    assert found == [f"not-a-real-package-xyz: pinned 1.0, not installed",
+    assert found == ["not-a-real-package-xyz: pinned 1.0, not installed",
                      f"pytest: pinned 0.0.1, installed {installed('pytest')}"]
     assert mismatches({"not-a-real-package-xyz": "1.0"}, matter=[]) == []  # absent and irrelevant
     assert mismatches({"torch": torch_version + "+other"}, matter=[]) != []  # a local build tag must match exactly
