@@ -59,7 +59,7 @@ def test_missing_recipe_is_a_usage_error(project):
 
 def test_markers_are_registered(project):
     result = project.runpytest_subprocess("--markers")
-    result.stdout.fnmatch_lines(["@pytest.mark.ftready:*", "@pytest.mark.accelerator:*", "@pytest.mark.nightly:*",
+    result.stdout.fnmatch_lines(["@pytest.mark.ftready:*", "@pytest.mark.accelerator(kind=*):*", "@pytest.mark.nightly:*",
                                  "@pytest.mark.ftready_data:*"])
 
 
