@@ -114,7 +114,7 @@ class RecipeState:
     @cached_property
     def encoded(self):
         """Every well-formed row, encoded: a list of ``Encoded``."""
-        from ..data.rows import row_problems
+        from ..data.layouts import row_problems
 
         import time
 
@@ -123,7 +123,7 @@ class RecipeState:
         encoder, out = self.encoder, []
         last = time.monotonic()
         for i, row in enumerate(rows, start=1):
-            if not row_problems(row, fmt, train_on):
+            if not row_problems(row, fmt, train_on, self.recipe.data.roles):
                 out.append(encoder.encode(row))
             if self.run.progress and len(rows) >= PROGRESS_ROWS and time.monotonic() - last > 2.0:
                 self.run.progress(f"ftready {self.recipe.name}: encoded {i:,} of {len(rows):,} rows")

@@ -18,22 +18,33 @@ def outcomes(path):
     return out
 
 
-def test_bad_rows_fail_data_format_and_skip_what_depends_on_it(pytester, tiny_example):
+def properties(path, name):
+    """The JUnit properties of test case ``name``."""
+    case = next(c for c in ET.parse(path).getroot().iter("testcase") if c.get("name") == name)
+    return {p.get("name"): p.get("value") for p in case.iter("property")}
+
+
+def test_bad_rows_fail_data_format_and_the_other_data_checks_run_on_the_rest(pytester, tiny_example):
     data = tiny_example / "data" / "train.jsonl"
     lines = data.read_text().splitlines()
     lines[2] = '{"messages": [{"role": "user", "content": "dangling"'
-    lines[5] = json.dumps({"messages": [{"role": "user", "content": "no answer here"}]})
+    lines[5] = json.dumps({"messages": [{"role": "human", "content": ""}]})
     data.write_text("\n".join(lines) + "\n")
-    pytester.runpytest_subprocess(f"--ftready={tiny_example / 'recipe.toml'}", "-k", "data.format or data.masking",
-                                  "--junitxml=out.xml")
+    pytester.runpytest_subprocess(f"--ftready={tiny_example / 'recipe.toml'}", "-k",
+                                  "data.format or data.masking or data.template or data.lengths", "--junitxml=out.xml")
     result = outcomes(pytester.path / "out.xml")
     state, message = result["data.format"]
     assert state == "failed"
     assert "2 of 50 rows are unusable" in message
-    assert "malformed in 1 row(s): not valid JSON" in message and "train.jsonl:3" in message
-    assert "no assistant turn in 1 row(s)" in message and "train.jsonl:6" in message
-    assert result["data.masking"] == ("skipped", result["data.masking"][1])
-    assert "data.format failed; fix correctness before measuring this" in result["data.masking"][1]
+    assert "train.jsonl:3: not valid JSON" in message
+    # one line for the row, with all its problems
+    failure = next(c for c in ET.parse(pytester.path / "out.xml").getroot().iter("testcase")
+                   if c.get("name") == "data.format").find("failure").text
+    [row6] = [line for line in failure.splitlines() if line.startswith("train.jsonl:6")]
+    assert "messages[0].role is 'human'" in row6 and "has empty content" in row6 and "no assistant turn" in row6
+    for check in ("data.masking", "data.template", "data.lengths"):
+        assert result[check][0] == "passed", (check, result[check])
+        assert properties(pytester.path / "out.xml", check)["rows_left_out[rows]"] == "2"
 
 
 def test_eos_outside_the_trained_span_fails_masking_and_stops_the_expensive_checks(pytester, tiny_example, edit_recipe):
