@@ -139,7 +139,8 @@ def data_format(ctx) -> None:
 
 @check("data.template", stage=STAGES["data"] + 1)
 def data_template(ctx) -> None:
-    """The chat template is found and renders every row; BOS once; inference prompt is a prefix."""
+    """The chat template is found and renders every conversation; inference prompt is a prefix; BOS once
+    in every row (plain prompt/completion and text rows use no template: only BOS is checked)."""
     recipe = ctx.recipe
     encoded = encoded_rows(ctx, "render")
     chat = any(e.method in CHAT_METHODS for e in encoded)

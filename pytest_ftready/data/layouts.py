@@ -121,9 +121,9 @@ def _flag(message: dict, label: str, problems: list[str]) -> tuple[Optional[bool
     """A message's own training flag (True, False or None) and, when False, how it is written."""
     flag, mark = None, None
     for key in TRAIN_FLAGS:
-        if key not in message:
+        value = message.get(key)
+        if value is None:  # absent, or filled in by a parquet/json schema that other rows set
             continue
-        value = message[key]
         if key == "weight" and value not in (0, 1):
             problems.append(f"{label}.weight is {value!r}; expected 0 (not trained) or 1")
         elif key == "training" and not isinstance(value, bool):
@@ -210,7 +210,8 @@ def _message_turns(items: Any, field: str, problems: list[str], role_of=None) ->
                 problems.append(f"{label}.role is {role!r}; expected one of {', '.join(ROLES)}")
         else:
             role, content = role_of(message, label)
-        out = {k: v for k, v in message.items() if k not in TRAIN_FLAGS and k not in ("from", "value")}
+        # None stands for "absent": datasets fills every key some row sets (tool_calls, weight) into all rows
+        out = {k: v for k, v in message.items() if v is not None and k not in (*TRAIN_FLAGS, "from", "value")}
         out["role"] = role
         if content is not None:  # a tool-call turn may have none; the template decides how to show that
             out["content"] = content

@@ -148,3 +148,24 @@ def test_each_example_file_is_what_tiny_writes_and_reads_cleanly(layout):
     assert rows == layout_rows(layout)
     train_on = {"text": "all", "prompt_completion": "completion"}.get(layout, "assistant")
     assert [row_problems(Row(str(path), i, r), "auto", train_on) for i, r in enumerate(rows)] == [[]] * len(rows)
+
+
+def test_keys_a_parquet_file_fills_with_none_are_absent(tmp_path):
+    """Parquet (Arrow structs) gives every message every key some row sets: None there means
+    absent, not a bad flag or an empty tool call."""
+    import datasets
+
+    from pytest_ftready.data.rows import read_rows
+
+    path = tmp_path / "train.parquet"
+    datasets.Dataset.from_list([
+        {"messages": [QA[0], {**QA[1], "weight": 1}]},
+        {"messages": [QA[0], {"role": "assistant", "content": "Asking.", "tool_calls": [
+            {"type": "function", "function": {"name": "weather", "arguments": "{}"}}]},
+            {"role": "tool", "content": "rain"}, QA[1]]}]).to_parquet(path)
+    rows, problems = read_rows([path])
+    assert problems == [] and rows[1].data["messages"][0]["weight"] is None  # what datasets hands over
+    for row in rows:
+        sample = chat(row.data)
+        assert all(None not in m.values() for m in sample.messages)
+    assert chat(rows[0].data).messages[1] == {"role": "assistant", "content": "Kalo paints."}
