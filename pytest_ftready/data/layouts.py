@@ -226,7 +226,8 @@ def _message_turns(items: Any, field: str, problems: list[str], role_of=None) ->
 
 
 def _system_turn(data: dict) -> list[_Turn]:
-    return [_Turn({"role": "system", "content": data["system"]}, "system", None)] if _nonempty_str(data.get("system")) else []
+    system = data.get("system")
+    return [_Turn({"role": "system", "content": system}, "system", None)] if _nonempty_str(system) else []
 
 
 def _read_messages(data: dict, train_on: str, roles: dict) -> tuple[Optional[Sample], list[str]]:
@@ -258,7 +259,8 @@ def _read_sharegpt(data: dict, train_on: str, roles: dict) -> tuple[Optional[Sam
 
 
 def _read_alpaca(data: dict, train_on: str, roles: dict) -> tuple[Optional[Sample], list[str]]:
-    problems = [f"needs a non-empty string field {k!r}" for k in ("instruction", "output") if not _nonempty_str(data.get(k))]
+    problems = [f"needs a non-empty string field {k!r}" for k in ("instruction", "output")
+                if not _nonempty_str(data.get(k))]
     for key in ("input", "system"):
         if data.get(key) is not None and not isinstance(data[key], str):
             problems.append(f"{key!r} must be a string")

@@ -53,6 +53,7 @@ def test_every_layout_passes_the_data_checks_and_names_its_broken_row(pytester, 
         if state != "failed" or f"1 of {rows + 1} rows are unusable" not in message or expected not in message:
             wrong[f"{layout}-broken/data.format"] = (state, message, expected)
         masking = result[f"{layout}-broken/data.masking"]
-        if masking[0] != "passed" or properties(junit, f"{layout}-broken/data.masking").get("rows_left_out[rows]") != "1":
+        left_out = properties(junit, f"{layout}-broken/data.masking").get("rows_left_out[rows]")
+        if masking[0] != "passed" or left_out != "1":
             wrong[f"{layout}-broken/data.masking"] = masking
     assert wrong == {}
