@@ -2,8 +2,10 @@
 
 ``python -m pytest_ftready.tiny examples/tiny`` (or ``ftready-tiny``) writes
 ``model/`` (byte-level BPE tokenizer with a ChatML template, ~146k-parameter Llama) and
-``data/train.jsonl`` (50 chat rows). The plugin's own tests build their assets with the
-same functions, so the example and the tests exercise one real path.
+``data/train.jsonl`` (50 chat rows), and ``data/layouts/<layout>.jsonl``: a few of the same
+chats in each dataset layout (their recipes are in ``examples/tiny/layouts/``). The plugin's
+own tests build their assets with the same functions, so the example and the tests exercise
+one real path.
 """
 
 from __future__ import annotations
@@ -53,6 +55,61 @@ def example_rows(n: int = 50, seed: int = 0) -> list[dict]:
             messages.append({"role": "assistant", "content": f"Then {name} rests."})
         rows.append({"messages": messages})
     return rows
+
+
+LAYOUTS = ("messages", "sharegpt", "alpaca", "prompt_completion", "conversational_prompt_completion", "text")
+SHAREGPT_NAMES = {"system": "system", "user": "human", "assistant": "gpt", "tool": "observation"}
+WEATHER_TOOL = {"type": "function", "function": {"name": "weather", "description": "today's weather in a city",
+                                                 "parameters": {"type": "object", "properties": {
+                                                     "city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def layout_rows(layout: str, n: int = 8, seed: int = 1) -> list[dict]:
+    """The example chats written in one dataset layout (``LAYOUTS``), with what each layout
+    adds: a tool call, an assistant turn marked ``weight: 0``, a ShareGPT observation, an
+    Alpaca input and history."""
+    chats = [row["messages"] for row in example_rows(n, seed)]
+    if layout == "messages":
+        rows = [{"messages": chat} for chat in chats]
+        two_turn = next(row for row in rows if sum(m["role"] == "assistant" for m in row["messages"]) == 2)
+        next(m for m in two_turn["messages"] if m["role"] == "assistant")["weight"] = 0  # train the second only
+        return rows + [{"messages": [
+            {"role": "user", "content": "What is the weather in Oslo?"},
+            {"role": "assistant", "content": "Asking the weather tool.", "tool_calls": [{"type": "function", "function": {
+                "name": "weather", "arguments": {"city": "Oslo"}}}]},
+            {"role": "tool", "content": "rain"}, {"role": "assistant", "content": "It rains in Oslo."}],
+            "tools": [WEATHER_TOOL]}]
+    if layout == "sharegpt":
+        rows = [{"conversations": [{"from": SHAREGPT_NAMES[m["role"]], "value": m["content"]} for m in chat]}
+                for chat in chats]
+        return rows + [{"conversations": [
+            {"from": "human", "value": "What is the weather in Oslo?"},
+            {"from": "function_call", "value": json.dumps({"name": "weather", "arguments": {"city": "Oslo"}})},
+            {"from": "observation", "value": "rain"}, {"from": "gpt", "value": "It rains in Oslo."}]}]
+    if layout == "alpaca":
+        rows = []
+        for i, chat in enumerate(chats):
+            system = [m["content"] for m in chat if m["role"] == "system"]
+            turns = [m["content"] for m in chat if m["role"] != "system"]
+            pairs = [turns[k:k + 2] for k in range(0, len(turns), 2)]
+            row = {"instruction": pairs[-1][0], "input": "", "output": pairs[-1][1]}
+            if i % 2:
+                row.update(instruction="Answer in one short sentence.", input=pairs[-1][0])
+            if system:
+                row["system"] = system[0]
+            if len(pairs) > 1:
+                row["history"] = pairs[:-1]
+            rows.append(row)
+        return rows
+    if layout == "conversational_prompt_completion":  # the last answer is the completion
+        last = [max(i for i, m in enumerate(chat) if m["role"] == "assistant") for chat in chats]
+        return [{"prompt": chat[:k], "completion": chat[k:]} for chat, k in zip(chats, last)]
+    if layout == "prompt_completion":  # the first question and answer, as plain strings
+        first = [[m["content"] for m in chat if m["role"] != "system"][:2] for chat in chats]
+        return [{"prompt": f"Q: {asked}\nA:", "completion": f" {answered}"} for asked, answered in first]
+    if layout == "text":
+        return [{"text": " ".join(m["content"] for m in chat if m["role"] != "system")} for chat in chats]
+    raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
 
 
 def _corpus(rows: Iterable[dict], seed: int = 0) -> list[str]:
@@ -127,6 +184,8 @@ def build_example(folder: Path) -> Path:
     folder.chmod(0o700)
     build_model(build_tokenizer(), folder / "model")
     write_jsonl(folder / "data" / "train.jsonl", example_rows())
+    for layout in LAYOUTS:
+        write_jsonl(folder / "data" / "layouts" / f"{layout}.jsonl", layout_rows(layout))
     return folder
 
 
@@ -135,7 +194,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("folder", nargs="?", default="examples/tiny", help="where to write model/ and data/")
     args = parser.parse_args(argv)
     folder = build_example(Path(args.folder))
-    print(f"built {folder / 'model'} and {folder / 'data' / 'train.jsonl'}")
+    print(f"built {folder / 'model'}, {folder / 'data' / 'train.jsonl'} and {folder / 'data' / 'layouts'}/")
     return 0
 
 

@@ -20,6 +20,12 @@ def outcomes(junit_path) -> dict[str, tuple[str, str]]:
     return out
 
 
+def properties(junit_path, name: str) -> dict[str, str]:
+    """The JUnit properties of test case ``name``."""
+    case = next(c for c in ET.parse(junit_path).getroot().iter("testcase") if c.get("name") == name)
+    return {p.get("name"): p.get("value") for p in case.iter("property")}
+
+
 def fails(runner, subject, check_id: str, *expected: str, **options) -> str:
     """``runner(subject, check_id, **options)`` raises Fail whose message holds every ``expected`` text."""
     with pytest.raises(Fail) as info:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import html
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Iterable
 
-from ..data.encoding import mask_runs, render_example
+from ..data.encoding import CHAT_METHODS, mask_runs, render_example
 from ..data.lengths import padding_waste
 from ..files import write_private
 from ..units import percentile
-from ..data.rows import row_problems
+from ..data.layouts import read_sample, row_problems
 from ..data.scan import redact
 from ..outcomes import Fail, Skip
 from .registry import STAGES, check
@@ -55,6 +55,32 @@ def encoded_rows(ctx, purpose: str) -> list:
     return encoded
 
 
+def left_out(ctx, encoded: list) -> str:
+    """Rows data.format found unusable, which this check leaves out: measured (a JUnit
+    property), and a line for the check's message ("" when none)."""
+    rows, read_problems = ctx.state.rows
+    total = len(rows) + len(read_problems)
+    count = total - len(encoded)
+    if not count:
+        return ""
+    ctx.measure("rows_left_out", count, "rows")
+    return f"\n{count} of {total} rows left out as unusable (see data.format)"
+
+
+def bad_rows_list(bad: list[tuple[str, int, list[str]]]) -> str:
+    """One line per unusable row, sorted by file and line, with all its problems."""
+    bad = sorted(bad, key=lambda b: (b[0], b[1]))
+    lines = [f"{Path(file).name}:{line}: {'; '.join(problems)}" for file, line, problems in bad[:MAX_LISTED]]
+    if len(bad) > MAX_LISTED:
+        lines.append(f"and {len(bad) - MAX_LISTED} more rows")
+    return "\n".join(lines)
+
+
+def span_methods(encoded: list) -> str:
+    """How trained spans were found, over all rows: "generation-markers", or several joined."""
+    return ", ".join(sorted({e.method for e in encoded}))
+
+
 def masking_report(tokenizer, examples: list, method: str) -> str:
     """HTML: each example's tokens, trained ones highlighted (personal data and secrets redacted)."""
     blocks = []
@@ -76,36 +102,37 @@ def _span(text: str, trained: bool) -> str:
 # ---- checks -----------------------------------------------------------------------------
 @check("data.format", stage=STAGES["data"])
 def data_format(ctx) -> None:
-    """Every row of every file parses and has what its format needs."""
+    """Every row of every file parses and has what its layout needs; each bad row is listed once."""
     rows, read_problems = ctx.state.rows
-    fmt, train_on = ctx.recipe.data.format, ctx.recipe.data.train_on
-    found: dict[str, list[tuple[str, str]]] = defaultdict(list)
-    for problem in read_problems:
-        found[problem.kind].append((problem.where, problem.detail))
+    data = ctx.recipe.data
+    bad = [(p.file, p.line, [p.detail]) for p in read_problems]
+    layouts: Counter = Counter()
     for row in rows:
-        for detail in row_problems(row, fmt, train_on):
-            kind = "no assistant turn" if "assistant turn" in detail else "shape"
-            found[kind].append((row.where, detail))
-    bad = sum(len(v) for v in found.values())
-    ctx.measure("rows", len(rows) + len(read_problems), "rows")
-    ctx.measure("bad_rows", bad, "rows")
+        sample, problems = read_sample(row, data.format, data.train_on, data.roles)
+        if problems:
+            bad.append((row.file, row.line, problems))
+        else:
+            layouts[sample.layout] += 1
+    total = len(rows) + len(read_problems)
+    ctx.measure("rows", total, "rows")
+    ctx.measure("bad_rows", len(bad), "rows")
+    ctx.measure("layouts", ", ".join(f"{name} {count}" for name, count in layouts.most_common()), "")
     if bad:
-        raise Fail(f"{bad} of {len(rows) + len(read_problems)} rows are unusable for format = \"{fmt}\":\n"
-                   + summarize(dict(found)))
+        raise Fail(f"{len(bad)} of {total} rows are unusable for format = \"{data.format}\":\n" + bad_rows_list(bad))
     if not rows:
         raise Fail("the training files hold no rows")
 
 
 @check("data.template", stage=STAGES["data"] + 1)
 def data_template(ctx) -> None:
-    """The chat template is found and renders every row; BOS once; inference prompt is a prefix."""
+    """The chat template is found and renders every conversation; inference prompt is a prefix; BOS once
+    in every row (plain prompt/completion and text rows use no template: only BOS is checked)."""
     recipe = ctx.recipe
-    if recipe.data.format != "messages":
-        raise Skip(f"format = \"{recipe.data.format}\" uses no chat template")
-    encoder = ctx.state.encoder
-    ctx.measure("template_source", _template_source(recipe), "")
-    ctx.measure("trained_span_method", encoder.method, "")
-    encoded = ctx.state.encoded
+    encoded = encoded_rows(ctx, "render")
+    chat = any(e.method in CHAT_METHODS for e in encoded)
+    ctx.measure("template_source", _template_source(recipe) if chat else "none: no row is a conversation", "")
+    ctx.measure("trained_span_method", span_methods(encoded), "")
+    skipped = left_out(ctx, encoded)
     found = problems_by_kind(encoded, TEMPLATE_KINDS)
     if found:
         hints = {
@@ -115,7 +142,7 @@ def data_template(ctx) -> None:
         }
         advice = "; ".join(hints[k] for k in found if k in hints)
         raise Fail(f"chat template problems in {sum(len(v) for v in found.values())} place(s):\n{summarize(found)}"
-                   + (f"\nFix: {advice}" if advice else ""))
+                   + (f"\nFix: {advice}" if advice else "") + skipped)
 
 
 def _template_source(recipe) -> str:
@@ -126,15 +153,17 @@ def _template_source(recipe) -> str:
     return "tokenizer_config.json"
 
 
-@check("data.masking", stage=STAGES["data"] + 2, requires=("data.format",))
+@check("data.masking", stage=STAGES["data"] + 2)
 def data_masking(ctx) -> None:
     """Labels are -100 exactly outside the trained spans; EOS trained; truncation does not eat responses."""
     state, recipe = ctx.state, ctx.recipe
     encoded = encoded_rows(ctx, "check")
     sample = [e for e in encoded if e.problems][: recipe.data.sample] or encoded[: recipe.data.sample]
-    report = write_private(state.artifacts / "masking.html", masking_report(state.tokenizer, sample, state.encoder.method))
+    method = span_methods(encoded)
+    report = write_private(state.artifacts / "masking.html", masking_report(state.tokenizer, sample, method))
     ctx.user_properties.append(("masking_report", str(report)))
-    ctx.measure("trained_span_method", state.encoder.method, "")
+    ctx.measure("trained_span_method", method, "")
+    skipped = left_out(ctx, encoded)
     trained = sum(e.trained for e in encoded)
     total = sum(e.length for e in encoded)
     ctx.measure("trained_token_share", trained / total if total else 0.0, "share")
@@ -155,14 +184,15 @@ def data_masking(ctx) -> None:
         bad = next((e for e in encoded if any(k in found for k, _ in e.problems)), sample[0])
         example = redact(render_example(state.tokenizer, bad))
         raise Fail("\n".join(messages) + f"\nExample {bad.row.where} (trained tokens in [[...]]):\n{example}"
-                   f"\nAll shown examples: {report}")
+                   f"\nAll shown examples: {report}" + skipped)
 
 
-@check("data.lengths", stage=STAGES["data"] + 3, requires=("data.format",))
+@check("data.lengths", stage=STAGES["data"] + 3)
 def data_lengths(ctx) -> None:
     """Token length distribution, truncation rate and padding waste at the recipe's micro-batch."""
     recipe, state = ctx.recipe, ctx.state
     encoded = encoded_rows(ctx, "measure")
+    skipped = left_out(ctx, encoded)
     full = [e.full_length for e in encoded]
     kept = [e.length for e in encoded]
     max_length = recipe.data.max_length
@@ -183,7 +213,7 @@ def data_lengths(ctx) -> None:
         ctx.measure("model_max_positions", limit, "tokens")
         if max_length > limit:
             raise Fail(f"[data] max_length {max_length} exceeds the model's max_position_embeddings {limit}: "
-                       f"set max_length <= {limit}")
+                       f"set max_length <= {limit}" + skipped)
 
 
 def _model_max_positions(state):
@@ -218,7 +248,7 @@ def data_packing(ctx) -> None:
                    "transformers >= 4.53 and no attention_mask), or set packing = false")
 
 
-@check("data.loader", stage=STAGES["data.loader"], requires=("data.format", "model.step_memory"))
+@check("data.loader", stage=STAGES["data.loader"], requires=("model.step_memory",))
 def data_loader(ctx) -> None:
     """The data pipeline delivers tokens faster than one training step consumes them."""
     from ..engine.batches import collate
@@ -229,8 +259,8 @@ def data_loader(ctx) -> None:
         raise Skip("the worst-case step runs out of memory (see model.step_memory): no step rate to compare with")
     rows, _ = state.rows
     encoder = state.encoder
-    fmt, train_on = ctx.recipe.data.format, ctx.recipe.data.train_on
-    sample = [r for r in rows if not row_problems(r, fmt, train_on)][:256]
+    data = ctx.recipe.data
+    sample = [r for r in rows if not row_problems(r, data.format, data.train_on, data.roles)][:256]
     start = time.perf_counter()
     encoded = [encoder.encode(r) for r in sample]
     encode_s = time.perf_counter() - start

@@ -21,11 +21,14 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from ..recipe.schema import CHAT_FORMATS
+from .layouts import Chat, Sample, read_sample
 from .rows import Row
 
 IGNORE_INDEX = -100
 # Problems that make a row unusable for training (the engine leaves such rows out).
 BLOCKING = frozenset({"render_error", "markers_empty", "truncated_all", "no_supervised"})
+CHAT_METHODS = ("generation-markers", "prefix-diff")  # Encoded.method of rows rendered through the chat template
 MARKERS = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
@@ -68,6 +71,7 @@ class Encoder:
         self.tok = tokenizer
         self.format = data.format
         self.train_on = data.train_on
+        self.roles = dict(getattr(data, "roles", None) or {})
         self.max_length = data.max_length
         self.add_special = bool(data.add_special_tokens)
         self.stop_ids = stop_ids
@@ -75,49 +79,57 @@ class Encoder:
         if isinstance(template, dict):  # several named templates: training uses "default"
             template = template.get("default", "")
         self.template = template
-        if self.format == "messages":
-            if not template:
-                raise ValueError("the tokenizer has no chat template (chat_template.jinja or tokenizer_config.json); "
-                                 "set [data] chat_template = \"template.jinja\"")
-            self.method = "generation-markers" if MARKERS.search(template) else "prefix-diff"
-        elif self.format == "prompt_completion":
-            self.method = "prompt-completion"
-        else:
-            self.method = "all-tokens"
+        # how assistant spans are found in chat rows; plain rows use "prompt-completion" / "all-tokens"
+        self.chat_method = CHAT_METHODS[0] if MARKERS.search(template) else CHAT_METHODS[1]
+        if self.format in CHAT_FORMATS:
+            self._need_template()
         if not getattr(tokenizer, "is_fast", False):
             raise ValueError("the encoder needs a fast tokenizer (offset mapping); this model's tokenizer is slow")
         self._eos_auto = self._adds_eos()
+
+    def _need_template(self) -> None:
+        if not self.template:
+            raise ValueError("the tokenizer has no chat template (chat_template.jinja or tokenizer_config.json); "
+                             "set [data] chat_template = \"template.jinja\"")
+
+    def sample(self, row: Row) -> Sample:
+        """The row in the message model (``Chat`` or ``Plain``). A row with problems is a
+        ValueError: callers encode only rows that ``row_problems`` passed."""
+        sample, problems = read_sample(row, self.format, self.train_on, self.roles)
+        if sample is None:
+            raise ValueError(f"{row.where}: {'; '.join(problems)}")
+        if isinstance(sample, Chat):
+            self._need_template()
+        return sample
 
     def _adds_eos(self) -> bool:
         ids = self.tok("a", add_special_tokens=True)["input_ids"]
         return bool(ids) and ids[-1] == self.tok.eos_token_id
 
     # ---- rendering -------------------------------------------------------------------
-    def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
-        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    def render(self, messages, add_generation_prompt: bool = False, tools=None) -> str:
+        return self.tok.apply_chat_template(list(messages), tools=list(tools) if tools else None, tokenize=False,
+                                            add_generation_prompt=add_generation_prompt)
 
     def prompt_ids(self, row: Row) -> list[int]:
         """The inference prompt of a row: everything before its (last) trained response."""
-        data = row.data
-        if self.format == "messages":
-            messages = data["messages"]
-            last = max(i for i, m in enumerate(messages) if m.get("role") == "assistant")
-            text = self.render(messages[:last], add_generation_prompt=True)
+        sample = self.sample(row)
+        if isinstance(sample, Chat):
+            text = self.render(sample.messages[: max(sample.trained)], add_generation_prompt=True, tools=sample.tools)
             return self.tok(text, add_special_tokens=self.add_special)["input_ids"]
-        if self.format == "prompt_completion":
-            return self.tok(data["prompt"], add_special_tokens=True)["input_ids"]
-        return self.tok(data["text"][: max(1, len(data["text"]) // 2)], add_special_tokens=True)["input_ids"]
+        if sample.prompt:
+            return self.tok(sample.prompt, add_special_tokens=True)["input_ids"]
+        text = sample.completion
+        return self.tok(text[: max(1, len(text) // 2)], add_special_tokens=True)["input_ids"]
 
     # ---- encoding --------------------------------------------------------------------
     def encode(self, row: Row) -> Encoded:
-        if self.format == "messages":
-            return self._encode_messages(row)
-        data = row.data
-        if self.format == "prompt_completion":
-            text = data["prompt"] + data["completion"]
-            spans = [(len(data["prompt"]), None)]
-        else:
-            text, spans = data["text"], [(0, None)]
+        sample = self.sample(row)
+        if isinstance(sample, Chat):
+            return self._encode_chat(row, sample)
+        text = sample.prompt + sample.completion
+        spans = [(0 if self.train_on == "all" else len(sample.prompt), None)]
+        method = "prompt-completion" if sample.prompt else "all-tokens"
         if self.tok.eos_token and not self._eos_auto and not text.endswith(self.tok.eos_token):
             text += self.tok.eos_token  # the model must learn to stop
         spans = [(a, len(text) if b is None else b) for a, b in spans]
@@ -126,56 +138,52 @@ class Encoder:
         trained = _trained_flags(enc["offset_mapping"], spans)
         if self._eos_auto and ids and ids[-1] == self.tok.eos_token_id:
             trained[-1] = True  # the appended EOS has no characters but is trained
-        return self._finish(row, ids, trained, [], self.method)
+        return self._finish(row, ids, trained, [], method)
 
-    def _encode_messages(self, row: Row) -> Encoded:
-        messages = row.data["messages"]
+    def _encode_chat(self, row: Row, chat: Chat) -> Encoded:
+        messages, labels, tools = chat.messages, chat.labels, chat.tools
         problems: list[tuple[str, str]] = []
         try:
-            text = self.render(messages)
+            text = self.render(messages, tools=tools)
         except Exception as exc:  # jinja raises TemplateError, TypeError, ...; report, don't crash
-            return Encoded(row, (), (), self.method, 0, 0, (("render_error", f"template failed: {exc}"),))
-        trained_turns = self._trained_turns(messages)
+            return Encoded(row, (), (), self.chat_method, 0, 0, (("render_error", f"template failed: {exc}"),))
         spans = []
-        for i in trained_turns:
+        for i in chat.trained:
             try:
-                prompt = self.render(messages[:i], add_generation_prompt=True)
-                upto = text if i == len(messages) - 1 else self.render(messages[: i + 1])
+                prompt = self.render(messages[:i], add_generation_prompt=True, tools=tools)
+                upto = text if i == len(messages) - 1 else self.render(messages[: i + 1], tools=tools)
             except Exception as exc:
-                problems.append(("render_error", f"template failed on messages[:{i}]: {exc}"))
+                problems.append(("render_error", f"template failed on the turns up to {labels[i]}: {exc}"))
                 continue
             if not text.startswith(prompt):
-                problems.append(("prompt_not_prefix", f"the inference prompt before messages[{i}] "
+                problems.append(("prompt_not_prefix", f"the inference prompt before {labels[i]} "
                                  "(add_generation_prompt=True) is not a prefix of the training render"))
                 continue
             if not text.startswith(upto):
-                problems.append(("history_rewritten", f"assistant turn messages[{i}] renders differently once later "
+                problems.append(("history_rewritten", f"assistant turn {labels[i]} renders differently once later "
                                  "turns follow (the template rewrites history, as reasoning templates do)"))
                 continue
             spans.append((len(prompt), len(upto)))
         base = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        if self.method == "generation-markers" and self.train_on != "all":
-            spans = self._marker_spans(messages, base, problems)
+        if self.chat_method == CHAT_METHODS[0] and self.train_on != "all":
+            spans = self._marker_spans(chat, base, problems)
         final = self.tok(text, add_special_tokens=True, return_offsets_mapping=True) if self.add_special else base
         ids, offsets = list(final["input_ids"]), final["offset_mapping"]
         if self.train_on == "all":
             trained = [True] * len(ids)
         else:
             trained = _trained_flags(offsets, spans)
-            if self.method == "prefix-diff":
+            if self.chat_method == CHAT_METHODS[1]:
                 _trim_after_stop(ids, trained, self.stop_ids)
-            problems += self._verify_roles(messages, text, offsets, trained, trained_turns)
-        return self._finish(row, ids, trained, problems, self.method)
+            problems += verify_turns(chat, text, offsets, trained, self.train_on)
+        return self._finish(row, ids, trained, problems, self.chat_method)
 
-    def _trained_turns(self, messages: list[dict]) -> list[int]:
-        assistant = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
-        if self.train_on == "last_assistant":
-            return assistant[-1:] if assistant and assistant[-1] == len(messages) - 1 else []
-        return assistant if self.train_on == "assistant" else []
-
-    def _marker_spans(self, messages, base, problems) -> list[tuple[int, int]]:
-        out = self.tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-        mask = list(out["assistant_masks"])
+    def _marker_spans(self, chat: Chat, base, problems) -> list[tuple[int, int]]:
+        """The template's {% generation %} mask, less the assistant turns that must not train
+        (flagged, a prompt's, or not the last under last_assistant)."""
+        out = self.tok.apply_chat_template(list(chat.messages), tools=list(chat.tools) if chat.tools else None,
+                                           tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        mask = [bool(m) for m in out["assistant_masks"]]
         if list(out["input_ids"]) != list(base["input_ids"]):
             problems.append(("render_error", "the template's tokenization differs from tokenizing its rendered text"))
             return []
@@ -183,43 +191,15 @@ class Encoder:
             problems.append(("markers_empty", "the template's {% generation %} blocks mark no token; "
                              "its assistant mask is all zero"))
             return []
-        spans = [(a, b) for (a, b), m in zip(base["offset_mapping"], mask) if m and b > a]
-        if self.train_on == "last_assistant":
-            # keep only the last contiguous marked region
-            last_start = max(i for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1]))
-            spans = [(a, b) for (a, b), m, i in zip(base["offset_mapping"], mask, range(len(mask)))
-                     if m and b > a and i >= last_start]
-        return spans
-
-    def _verify_roles(self, messages, text, offsets, trained, trained_turns) -> list[tuple[str, str]]:
-        """Locate each message's content in the render; compare with what is trained."""
-        starts = [a if b > a else -1 for a, b in offsets]
-        order = sorted(range(len(starts)), key=lambda k: starts[k])
-        sorted_starts = [starts[k] for k in order]
-        problems = []
-        cursor = 0
-        turns = set(trained_turns)
-        for i, message in enumerate(messages):
-            content = message.get("content")
-            if not isinstance(content, str) or not content:
-                continue
-            at = text.find(content, cursor)
-            if at < 0:
-                continue  # the template rewrote this content; nothing to attribute
-            cursor = at + len(content)
-            lo = bisect.bisect_left(sorted_starts, at)
-            hi = bisect.bisect_left(sorted_starts, cursor)
-            tokens = [order[k] for k in range(lo, hi)]
-            if not tokens:
-                continue
-            flags = [trained[t] for t in tokens]
-            if i in turns and not all(flags):
-                problems.append(("assistant_untrained", f"{sum(1 for f in flags if not f)} of {len(flags)} tokens of "
-                                 f"assistant turn messages[{i}] carry no loss"))
-            elif i not in turns and any(flags):
-                problems.append(("wrong_role_trained", f"{sum(flags)} tokens of messages[{i}] "
-                                 f"({message.get('role')}) carry loss under train_on = \"{self.train_on}\""))
-        return problems
+        runs = _runs(mask)
+        assistant = [i for i, m in enumerate(chat.messages) if m.get("role") == "assistant"]
+        if len(runs) == len(assistant):  # one marked block per assistant turn, in order
+            runs = [run for run, i in zip(runs, assistant) if i in chat.trained]
+        elif self.train_on == "last_assistant":
+            runs = runs[-1:]
+        # otherwise the blocks do not line up with the turns: keep them all; verify_turns says what is wrong
+        offsets = base["offset_mapping"]
+        return [tuple(offsets[k]) for start, end in runs for k in range(start, end) if offsets[k][1] > offsets[k][0]]
 
     def _finish(self, row: Row, ids: list[int], trained: list[bool], problems: list, method: str) -> Encoded:
         problems = list(problems)
@@ -248,6 +228,41 @@ class Encoder:
         if trained_full == 0 and not any(kind in ("render_error", "markers_empty") for kind, _ in problems):
             problems.append(("no_supervised", "no token of this row carries loss"))
         return Encoded(row, tuple(ids), tuple(labels), method, full_length, trained_full, tuple(problems))
+
+
+def verify_turns(chat: Chat, text: str, offsets, trained: list[bool], train_on: str) -> list[tuple[str, str]]:
+    """Independent of how the spans were found: locate each message's content in the render and
+    compare what is trained with what the row asks for (its responses, its training flags)."""
+    starts = [a if b > a else -1 for a, b in offsets]
+    order = sorted(range(len(starts)), key=lambda k: starts[k])
+    sorted_starts = [starts[k] for k in order]
+    problems = []
+    cursor = 0
+    turns = set(chat.trained)
+    for i, message in enumerate(chat.messages):
+        content = message.get("content")
+        if not isinstance(content, str) or not content:
+            continue
+        at = text.find(content, cursor)
+        if at < 0:
+            continue  # the template rewrote this content; nothing to attribute
+        cursor = at + len(content)
+        lo = bisect.bisect_left(sorted_starts, at)
+        hi = bisect.bisect_left(sorted_starts, cursor)
+        tokens = [order[k] for k in range(lo, hi)]
+        if not tokens:
+            continue
+        flags = [trained[t] for t in tokens]
+        label, role = chat.labels[i], message.get("role")
+        if i in turns and not all(flags):
+            problems.append(("assistant_untrained", f"{sum(1 for f in flags if not f)} of {len(flags)} tokens of "
+                             f"assistant turn {label} carry no loss"))
+        elif i not in turns and any(flags):
+            why = (f"it is marked not to train ({chat.marks[i]})" if chat.marks[i]
+                   else f"{role} turns do not train under train_on = \"{train_on}\"" if role != "assistant"
+                   else f"it is not a trained turn under train_on = \"{train_on}\"")
+            problems.append(("wrong_role_trained", f"{sum(flags)} tokens of {label} ({role}) carry loss, but {why}"))
+    return problems
 
 
 def _trained_flags(offsets, spans) -> list[bool]:

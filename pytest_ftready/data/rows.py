@@ -1,4 +1,4 @@
-"""Reading training rows with their provenance (file, line), and validating their shape.
+"""Reading training rows with their provenance (file, line); their layouts are read in layouts.py.
 
 JSONL is read line by line so a malformed line is reported with its number and the other
 lines are still read; JSON arrays, parquet and csv go through ``datasets`` (local files
@@ -10,9 +10,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
-
-ROLES = ("system", "user", "assistant", "tool", "developer")
-
 
 @dataclass(frozen=True)
 class Row:
@@ -77,45 +74,3 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
             if line.strip():
                 yield number, line
 
-
-def _nonempty_str(value: Any) -> bool:
-    return isinstance(value, str) and value.strip() != ""
-
-
-def _content_ok(content: Any) -> bool:
-    """A non-empty string, or a non-empty list of typed parts (OpenAI / multimodal style)."""
-    if isinstance(content, list):
-        return bool(content) and all(isinstance(p, dict) and "type" in p for p in content)
-    return _nonempty_str(content)
-
-
-def row_problems(row: Row, fmt: str, train_on: str) -> list[str]:
-    """What is wrong with one row's shape for ``fmt``; [] when it is usable."""
-    data = row.data
-    if not isinstance(data, dict):
-        return [f"expected a JSON object, got {type(data).__name__}"]
-    if fmt == "text":
-        return [] if _nonempty_str(data.get("text")) else ["needs a non-empty string field 'text'"]
-    if fmt == "prompt_completion":
-        return [f"needs a non-empty string field {k!r}" for k in ("prompt", "completion") if not _nonempty_str(data.get(k))]
-    messages = data.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return ["needs a non-empty list field 'messages'"]
-    problems = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            problems.append(f"messages[{i}] is not an object")
-            continue
-        role = message.get("role")
-        if role not in ROLES:
-            problems.append(f"messages[{i}].role is {role!r}; expected one of {', '.join(ROLES)}")
-        tool_call = role == "assistant" and bool(message.get("tool_calls"))
-        if not (tool_call or _content_ok(message.get("content"))):
-            problems.append(f"messages[{i}] ({role}) has empty content (a string, or a list of "
-                            "{\"type\": \"text\", \"text\": ...} parts)")
-    roles = [m.get("role") for m in messages if isinstance(m, dict)]
-    if "assistant" not in roles:
-        problems.append("has no assistant turn to train on")
-    elif train_on == "last_assistant" and roles[-1] != "assistant":
-        problems.append("does not end with an assistant turn (train_on = \"last_assistant\")")
-    return problems

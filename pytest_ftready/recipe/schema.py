@@ -55,6 +55,9 @@ def _k(kind: str, default: Any = REQUIRED, doc: str = "", **kw: Any) -> Key:
 
 DTYPES = ("float32", "float16", "bfloat16")
 ATTN = ("eager", "sdpa", "flash_attention_2", "flash_attention_3")
+CHAT_FORMATS = ("messages", "sharegpt", "alpaca")  # layouts always rendered through the chat template
+FORMATS = ("auto", *CHAT_FORMATS, "prompt_completion", "text")
+ROLES = ("system", "user", "assistant", "tool", "developer")  # message roles chat templates know
 
 SCHEMA: dict[str, dict[str, Key]] = {
     "model": {
@@ -70,7 +73,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
     },
     "data": {
         "train": _k("paths", REQUIRED, "local jsonl/json/parquet/csv files", must_exist=True),
-        "format": _k("choice", "messages", "row format", choices=("messages", "prompt_completion", "text")),
+        "format": _k("choice", "auto", "row layout; auto recognises each row from its fields",
+                     choices=FORMATS),
         "train_on": _k(
             "choice", "assistant", "which tokens carry loss",
             choices=("assistant", "last_assistant", "completion", "all"),
@@ -83,6 +87,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "chat_template": _k("path", "", "a .jinja file overriding the tokenizer's template", must_exist=True),
         "add_special_tokens": _k("bool", False, "the trainer tokenizes rendered text adding BOS/EOS"),
         "stop_tokens": _k("strs", [], "extra end-of-turn tokens besides EOS"),
+        "roles": _k("table", {}, "ShareGPT speaker names mapped to roles, e.g. { bot = \"assistant\" }"),
     },
     "adapter": {
         "method": _k("choice", "lora", "none = full fine-tune", choices=("none", "lora")),
@@ -353,15 +358,19 @@ def _cross_checks(parser: _Parser, t: dict[str, PRecord]) -> None:
                           f"`huggingface-cli repo info {model.id}` (sha) and write revision = \"<40-hex sha>\"")
     if model.path and not Path(model.path).is_dir():
         raise parser.fail("[model] path", f"{model.path} is not a folder; point it at the folder holding config.json")
-    if data.format == "messages" and data.train_on == "completion":
+    if data.format in CHAT_FORMATS and data.train_on == "completion":
         raise parser.fail("[data] train_on", "'completion' goes with format = \"prompt_completion\"; "
-                          "for messages use \"assistant\" or \"last_assistant\"")
-    if data.format != "messages" and data.train_on in ("assistant", "last_assistant"):
+                          f"for {data.format} use \"assistant\" or \"last_assistant\"")
+    if data.format in ("prompt_completion", "text") and data.train_on in ("assistant", "last_assistant"):
         want = "completion" if data.format == "prompt_completion" else "all"
-        raise parser.fail("[data] train_on", f"{data.train_on!r} needs format = \"messages\"; "
-                          f"for {data.format} write train_on = \"{want}\"")
+        raise parser.fail("[data] train_on", f"{data.train_on!r} needs conversations (format = \"messages\", "
+                          f"\"sharegpt\", \"alpaca\" or \"auto\"); for {data.format} write train_on = \"{want}\"")
     if data.format == "text" and data.train_on != "all":
         raise parser.fail("[data] train_on", "format = \"text\" trains on every token: write train_on = \"all\"")
+    bad_roles = {k: v for k, v in data.roles.items() if v not in ROLES}
+    if bad_roles:
+        speaker, role = next(iter(bad_roles.items()))
+        raise parser.fail(f"[data] roles.{speaker}", f"expected one of {', '.join(ROLES)}, got {_describe(role)}")
     if adapter.method == "none" and model.quantization != "none":
         raise parser.fail("[model] quantization", "a quantized base cannot be fully fine-tuned; "
                           "use [adapter] method = \"lora\" (QLoRA) or quantization = \"none\"")

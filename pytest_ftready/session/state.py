@@ -170,13 +170,13 @@ class RecipeState:
     @fact
     def encoded(self):
         """Every well-formed row, encoded: a list of ``Encoded``."""
-        from ..data.rows import row_problems
+        from ..data.layouts import row_problems
 
         rows, _ = self.rows
         fmt, train_on = self.recipe.data.format, self.recipe.data.train_on
         encoder, out = self.encoder, []
         for i, row in enumerate(rows, start=1):
-            if not row_problems(row, fmt, train_on):
+            if not row_problems(row, fmt, train_on, self.recipe.data.roles):
                 out.append(encoder.encode(row))
             if len(rows) >= PROGRESS_ROWS:
                 self.progress(f"encoded {i:,} of {len(rows):,} rows")

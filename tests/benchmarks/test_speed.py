@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from pytest_ftready.data.rows import Row, row_problems
+from pytest_ftready.data.layouts import row_problems
+from pytest_ftready.data.rows import Row
 from pytest_ftready.tiny import example_rows
 from tests import planted
 

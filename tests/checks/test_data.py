@@ -4,26 +4,48 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.data.test_encoding import CHATML_EOS_OUTSIDE
-from tests.helpers import outcomes
+from tests.helpers import outcomes, properties
 
 
-def test_bad_rows_fail_data_format_and_skip_what_depends_on_it(pytester, tiny_example):
+
+def test_one_malformed_line_fails_data_format_and_the_other_data_checks_run_on_the_rest(pytester, tiny_example):
     data = tiny_example / "data" / "train.jsonl"
     lines = data.read_text().splitlines()
     lines[2] = '{"messages": [{"role": "user", "content": "dangling"'
-    lines[5] = json.dumps({"messages": [{"role": "user", "content": "no answer here"}]})
     data.write_text("\n".join(lines) + "\n")
-    pytester.runpytest_subprocess(f"--ftready={tiny_example / 'recipe.toml'}", "-k", "data.format or data.masking",
-                                  "--junitxml=out.xml")
+    pytester.runpytest_subprocess(f"--ftready={tiny_example / 'recipe.toml'}", "-k",
+                                  "data.format or data.masking or data.template or data.lengths", "--junitxml=out.xml")
     result = outcomes(pytester.path / "out.xml")
     state, message = result["data.format"]
     assert state == "failed"
-    assert "2 of 50 rows are unusable" in message
-    assert "malformed in 1 row(s): not valid JSON" in message and "train.jsonl:3" in message
-    assert "no assistant turn in 1 row(s)" in message and "train.jsonl:6" in message
-    assert result["data.masking"] == ("skipped", result["data.masking"][1])
-    assert "data.format failed; fix correctness before measuring this" in result["data.masking"][1]
+    assert "1 of 50 rows are unusable" in message and "train.jsonl:3: not valid JSON" in message
+    for check in ("data.masking", "data.template", "data.lengths"):
+        assert result[check][0] == "passed", (check, result[check])
+        assert properties(pytester.path / "out.xml", check)["rows_left_out[rows]"] == "1"
+
+
+def test_each_bad_row_is_listed_once_with_all_its_problems(make_state, run_check, tiny_example):
+    from pytest_ftready.outcomes import Fail
+
+    data = tiny_example / "data" / "train.jsonl"
+    lines = data.read_text().splitlines()
+    lines[5] = json.dumps({"messages": [{"role": "human", "content": ""}]})
+    for i in range(20, 32):
+        lines[i] = json.dumps({"prompt": "Q", "completion": ""})
+    data.write_text("\n".join(lines) + "\n")
+    state = make_state()
+    with pytest.raises(Fail) as failed:
+        run_check(state, "data.format")
+    message = str(failed.value)
+    assert message.startswith("13 of 50 rows are unusable for format = \"messages\":")
+    [row6] = [line for line in message.splitlines() if line.startswith("train.jsonl:6")]
+    assert "messages[0].role is 'human'" in row6 and "has empty content" in row6 and "no assistant turn" in row6
+    assert "looks like format = \"prompt_completion\"" in message  # the misfiled rows say what they are
+    assert message.splitlines()[-1] == "and 3 more rows"  # ten listed, in file order
+    assert {m.name: m.value for m in state.run.measurements}["bad_rows"] == 13
 
 
 def test_eos_outside_the_trained_span_fails_masking_and_stops_the_expensive_checks(pytester, tiny_example, edit_recipe):

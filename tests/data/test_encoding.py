@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from pytest_ftready.data.encoding import IGNORE_INDEX, Encoder, render_example
-from pytest_ftready.data.rows import Row, row_problems
+from pytest_ftready.data.layouts import row_problems
+from pytest_ftready.data.rows import Row
 from pytest_ftready.tiny import CHATML
 
 CHATML_EOS_OUTSIDE = CHATML.replace("{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}",
@@ -99,7 +100,7 @@ def trained_text(encoder, enc):
 ], ids=["chatml", "chatml-no-markers", "llama3", "gemma", "mistral"])
 def test_correct_templates_train_exactly_the_assistant_turns(encoder_for, template, eos, method):
     encoder = encoder_for(template, eos=eos)
-    assert encoder.method == method
+    assert encoder.chat_method == method
     enc = encode(encoder, TWO_TURNS)
     assert enc.problems == ()
     text = trained_text(encoder, enc)
@@ -207,3 +208,78 @@ def test_read_rows_reports_malformed_lines_and_keeps_reading(tmp_path):
     rows, problems = read_rows([path])
     assert [r.line for r in rows] == [1, 4]
     assert [(p.line, p.kind) for p in problems] == [(2, "malformed")]
+
+
+# ---- per-message training flags and the other layouts, through the encoder -----------------
+FIRST_UNTRAINED = [dict(m) for m in TWO_TURNS]
+FIRST_UNTRAINED[2]["weight"] = 0  # the first assistant turn of a two-turn row
+
+
+@pytest.mark.parametrize("template, method", [(CHATML, "generation-markers"), (CHATML_NO_MARKERS, "prefix-diff")],
+                         ids=["markers", "prefix-diff"])
+def test_an_assistant_turn_marked_weight_0_carries_no_loss(encoder_for, template, method):
+    encoder = encoder_for(template)
+    enc = encode(encoder, FIRST_UNTRAINED)
+    assert encoder.chat_method == method and enc.problems == ()
+    assert trained_text(encoder, enc) == "Then kalo rests.<|im_end|>"
+
+
+def test_masking_verification_fails_when_the_labels_train_a_weight_0_turn(encoder_for):
+    # the template's generation block wraps every turn: the flagged turn ends up trained
+    enc = encode(encoder_for(LLAMA3_TRAINS_USER, eos="<|eot_id|>"), FIRST_UNTRAINED)
+    details = [detail for kind, detail in enc.problems if kind == "wrong_role_trained"]
+    assert any("messages[2] (assistant) carry loss, but it is marked not to train (weight: 0)" in d for d in details)
+
+
+def test_verification_expects_the_flagged_turn_untrained(encoder_for):
+    from pytest_ftready.data.encoding import verify_turns
+    from pytest_ftready.data.layouts import read_sample
+
+    encoder = encoder_for(CHATML)
+    chat, _ = read_sample(Row("t.jsonl", 1, {"messages": FIRST_UNTRAINED}), "messages", "assistant")
+    text = encoder.render(chat.messages)
+    offsets = encoder.tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    everything = [True] * len(offsets)
+    kinds_found = {kind for kind, _ in verify_turns(chat, text, offsets, everything, "assistant")}
+    assert "wrong_role_trained" in kinds_found  # labels that train all of it are caught
+    start = text.index("Then kalo rests.")
+    only_second = [a >= start for a, _ in offsets]
+    assert verify_turns(chat, text, offsets, only_second, "assistant") == []
+
+
+@pytest.mark.parametrize("data", [
+    {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "What does kalo do with the red?"},
+                       {"from": "gpt", "value": "Kalo paints the red."}]},
+    {"system": "Be brief.", "instruction": "What does kalo do with the red?", "output": "Kalo paints the red."},
+    {"prompt": CHAT[:2], "completion": CHAT[2:]},
+], ids=["sharegpt", "alpaca", "conversational-prompt-completion"])
+def test_every_chat_layout_encodes_like_the_same_messages(encoder_for, data):
+    encoder = encoder_for(CHATML, fmt="auto")
+    enc = encoder.encode(Row("t.jsonl", 1, data))
+    same = encode(encoder, CHAT)
+    assert enc.problems == () and (enc.input_ids, enc.labels) == (same.input_ids, same.labels)
+    assert encoder.tok.decode(encoder.prompt_ids(Row("t.jsonl", 1, data))).endswith("<|im_start|>assistant\n")
+
+
+def test_tools_reach_the_template(encoder_for):
+    with_tools = CHATML.replace("{{ bos_token }}", "{{ bos_token }}{% if tools %}{{ tools | tojson }}\n{% endif %}")
+    encoder = encoder_for(with_tools)
+    tools = [{"type": "function", "function": {"name": "weather_lookup"}}]
+    enc = encoder.encode(Row("t.jsonl", 1, {"messages": CHAT, "tools": tools}))
+    assert "weather_lookup" in encoder.tok.decode(enc.input_ids) and enc.problems == ()
+    assert "weather_lookup" not in trained_text(encoder, enc)
+
+
+def test_prompt_completion_train_on_all_trains_the_prompt_too(encoder_for):
+    encoder = encoder_for(CHATML, fmt="prompt_completion", train_on="all")
+    enc = encoder.encode(Row("pc.jsonl", 1, {"prompt": "Q: what is red?\nA:", "completion": " a colour"}))
+    assert enc.trained == enc.length
+
+
+def test_a_conversation_without_a_chat_template_is_a_clear_error(encoder_for):
+    encoder = encoder_for("", fmt="auto")
+    assert encoder.encode(Row("t.jsonl", 1, {"prompt": "Q:", "completion": " A"})).method == "prompt-completion"
+    with pytest.raises(ValueError, match="the tokenizer has no chat template"):
+        encoder.encode(Row("t.jsonl", 1, {"messages": CHAT}))
+    with pytest.raises(ValueError, match="the tokenizer has no chat template"):
+        encoder_for("", fmt="sharegpt")
