@@ -54,6 +54,7 @@ def pytest_configure(config) -> None:
         cpu_short=config.getoption("ftready_cpu_short"),
         hub_timeout_s=config.getoption("ftready_hub_timeout") or 10.0,
         progress=lambda line: _progress(config, line),
+        pipeline_hook=lambda recipe, tokenizer: config.hook.pytest_ftready_pipeline(recipe=recipe, tokenizer=tokenizer),
     )
 
 

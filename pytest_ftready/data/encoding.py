@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from .rows import Row
-
-IGNORE_INDEX = -100
+from .verify import IGNORE_INDEX, role_problems, runs, sequence_problems, trained_turns
 MARKERS = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
@@ -162,14 +161,11 @@ class Encoder:
             trained = _trained_flags(offsets, spans)
             if self.method == "prefix-diff":
                 _trim_after_stop(ids, trained, self.stop_ids)
-            problems += self._verify_roles(messages, text, offsets, trained, trained_turns)
+            problems += role_problems(messages, text, offsets, trained, trained_turns, self.train_on)
         return self._finish(row, ids, trained, problems, self.method)
 
     def _trained_turns(self, messages: list[dict]) -> list[int]:
-        assistant = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
-        if self.train_on == "last_assistant":
-            return assistant[-1:] if assistant and assistant[-1] == len(messages) - 1 else []
-        return assistant if self.train_on == "assistant" else []
+        return trained_turns(messages, self.train_on)
 
     def _marker_spans(self, messages, base, problems) -> list[tuple[int, int]]:
         out = self.tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
@@ -189,49 +185,8 @@ class Encoder:
                      if m and b > a and i >= last_start]
         return spans
 
-    def _verify_roles(self, messages, text, offsets, trained, trained_turns) -> list[tuple[str, str]]:
-        """Locate each message's content in the render; compare with what is trained."""
-        starts = [a if b > a else -1 for a, b in offsets]
-        order = sorted(range(len(starts)), key=lambda k: starts[k])
-        sorted_starts = [starts[k] for k in order]
-        problems = []
-        cursor = 0
-        turns = set(trained_turns)
-        for i, message in enumerate(messages):
-            content = message.get("content")
-            if not isinstance(content, str) or not content:
-                continue
-            at = text.find(content, cursor)
-            if at < 0:
-                continue  # the template rewrote this content; nothing to attribute
-            cursor = at + len(content)
-            lo = bisect.bisect_left(sorted_starts, at)
-            hi = bisect.bisect_left(sorted_starts, cursor)
-            tokens = [order[k] for k in range(lo, hi)]
-            if not tokens:
-                continue
-            flags = [trained[t] for t in tokens]
-            if i in turns and not all(flags):
-                problems.append(("assistant_untrained", f"{sum(1 for f in flags if not f)} of {len(flags)} tokens of "
-                                 f"assistant turn messages[{i}] carry no loss"))
-            elif i not in turns and any(flags):
-                problems.append(("wrong_role_trained", f"{sum(flags)} tokens of messages[{i}] "
-                                 f"({message.get('role')}) carry loss under train_on = \"{self.train_on}\""))
-        return problems
-
     def _finish(self, row: Row, ids: list[int], trained: list[bool], problems: list, method: str) -> Encoded:
-        problems = list(problems)
-        bos = self.tok.bos_token_id
-        if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
-            problems.append(("bos_doubled", "the sequence starts with BOS twice (the template writes BOS and the "
-                             "tokenizer adds another)"))
-        runs = _runs(trained)
-        if runs:
-            missing = [r for r in runs if not any(ids[k] in self.stop_ids for k in range(*r))]
-            if missing and self.stop_ids:
-                names = ", ".join(sorted({self.tok.convert_ids_to_tokens(s) for s in self.stop_ids}))
-                problems.append(("stop_untrained", f"{len(missing)} of {len(runs)} trained spans end without a stop "
-                                 f"token ({names}): the model never learns to stop"))
+        problems = list(problems) + sequence_problems(self.tok, ids, trained, self.stop_ids)
         trained_full = sum(trained)
         labels = [t if flag else IGNORE_INDEX for t, flag in zip(ids, trained)]
         full_length = len(ids)
@@ -261,21 +216,10 @@ def _trained_flags(offsets, spans) -> list[bool]:
     return flags
 
 
-def _runs(flags: list[bool]) -> list[tuple[int, int]]:
-    runs, start = [], None
-    for i, flag in enumerate(flags + [False]):
-        if flag and start is None:
-            start = i
-        elif not flag and start is not None:
-            runs.append((start, i))
-            start = None
-    return runs
-
-
 def _trim_after_stop(ids: list[int], trained: list[bool], stop_ids: frozenset[int]) -> None:
     """Prefix-diff spans end with the template's text after the stop token (a newline):
     that text is never generated, so it carries no loss."""
-    for start, end in _runs(trained):
+    for start, end in runs(trained):
         stops = [k for k in range(start, end) if ids[k] in stop_ids]
         if stops:
             for k in range(stops[-1] + 1, end):

@@ -83,6 +83,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "chat_template": _k("path", "", "a .jinja file overriding the tokenizer's template", must_exist=True),
         "add_special_tokens": _k("bool", False, "the trainer tokenizes rendered text adding BOS/EOS"),
         "stop_tokens": _k("strs", [], "extra end-of-turn tokens besides EOS"),
+        "pipeline": _k("choice", "builtin", "what makes the training examples the checks judge and train on",
+                       choices=("builtin", "trl")),
     },
     "adapter": {
         "method": _k("choice", "lora", "none = full fine-tune", choices=("none", "lora")),

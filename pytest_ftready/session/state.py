@@ -29,6 +29,7 @@ class RunState:
     free_bytes: Optional[Callable[[Path], int]] = None  # -> free bytes on a path's disk (tests: a small disk)
     telemetry_factory: Optional[Callable[..., Any]] = None  # (device, machine) -> (sources, missing); tests: fake NVML
     progress: Optional[Callable[[str], None]] = None  # a line for the terminal while long work runs
+    pipeline_hook: Optional[Callable[..., Any]] = None  # (recipe, tokenizer) -> the team's pipeline or None
     recipes: dict[Path, "RecipeState"] = field(default_factory=dict)
     measurements: list[Measurement] = field(default_factory=list)
 
@@ -111,24 +112,27 @@ class RecipeState:
         stops = stop_token_ids(self.tokenizer, generation_eos_ids(self.recipe), self.recipe.data.stop_tokens)
         return Encoder(self.tokenizer, self.recipe.data, stops)
 
+    # ---- pipeline seam (issue 12): the examples come from the recipe's pipeline ------------
+    @cached_property
+    def pipeline(self):
+        """What makes the training examples: the team's (hook), TRL's, or the built-in encoder."""
+        from ..engine.pipeline import select_pipeline
+
+        return select_pipeline(self)
+
     @cached_property
     def encoded(self):
-        """Every well-formed row, encoded: a list of ``Encoded``."""
+        """Every well-formed row, as the recipe's pipeline makes it: a list of ``Encoded``."""
         from ..data.rows import row_problems
-
-        import time
 
         rows, _ = self.rows
         fmt, train_on = self.recipe.data.format, self.recipe.data.train_on
-        encoder, out = self.encoder, []
-        last = time.monotonic()
-        for i, row in enumerate(rows, start=1):
-            if not row_problems(row, fmt, train_on):
-                out.append(encoder.encode(row))
-            if self.run.progress and len(rows) >= PROGRESS_ROWS and time.monotonic() - last > 2.0:
-                self.run.progress(f"ftready {self.recipe.name}: encoded {i:,} of {len(rows):,} rows")
-                last = time.monotonic()
-        return out
+        return self.pipeline.encode([row for row in rows if not row_problems(row, fmt, train_on)])
+
+    def encode_progress(self, done: int, total: int) -> None:
+        if self.run.progress and total >= PROGRESS_ROWS:
+            self.run.progress(f"ftready {self.recipe.name}: encoded {done:,} of {total:,} rows")
+    # ---- end of the pipeline seam -----------------------------------------------------------
 
     @property
     def trainable_examples(self):

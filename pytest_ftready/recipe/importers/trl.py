@@ -146,6 +146,7 @@ def _data(b: Builder) -> None:
                      "the checks read 'text'")
     if fmt:
         b.tables["data"]["format"] = fmt
+    b.tables.setdefault("data", {})["pipeline"] = "trl"  # the examples are TRL's own (engine/trl_pipeline.py)
     b.put("max_length", "data", "max_length", b.get("max_length", DEFAULTS["max_length"]))
     b.put("packing", "data", "packing", bool(b.get("packing", False)))
     template = b.get("chat_template_path")
