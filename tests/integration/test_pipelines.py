@@ -119,3 +119,38 @@ def test_a_conftest_pipeline_hook_is_what_data_masking_checks(pytester, tiny_exa
                                   "--junitxml=out.xml", "-p", "no:cacheprovider")
     state, message = outcomes(pytester.path / "out.xml")["data.masking"]
     assert state == "failed" and "wrong_role_trained" in message and "carry loss under" in message
+
+
+def test_where_trl_substitutes_its_training_template_those_labels_are_verified(trl_config, tmp_path, real_machine,
+                                                                                run_check):
+    import trl
+
+    qwen = Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja"  # a stock template TRL knows
+    shutil.copy(qwen, trl_config.parent / "qwen.jinja")
+    trl_config.write_text(trl_config.read_text() + "chat_template_path: qwen.jinja\n")
+    state = state_for(trl_config, tmp_path, real_machine)
+    ctx = run_check(state, "data.masking")
+    assert state.pipeline.substituted_template  # TRL swapped in its {% generation %} variant
+    assert "substituted training template" in {m.name: m.value for m in ctx.measured}["trained_span_method"]
+    text = state.tokenizer.decode([t for t, label in zip(state.encoded[0].input_ids, state.encoded[0].labels)
+                                   if label != -100])
+    assert "likes the" in text and "What does" not in text  # the assistant turn, not the user's
+
+
+def test_trl_pipeline_without_trl_skips_naming_the_extra(trl_config, tmp_path, real_machine, run_check, monkeypatch):
+    from pytest_ftready.outcomes import Skip
+
+    monkeypatch.setitem(__import__("sys").modules, "trl", None)  # import trl -> ImportError
+    with pytest.raises(Skip, match=r"pip install 'pytest-ftready\[trl\]'"):
+        run_check(state_for(trl_config, tmp_path, real_machine), "data.masking")
+
+
+def test_trls_collator_pads_like_the_engine(trl_config, tmp_path, real_machine):
+    from pytest_ftready.engine.training import collate
+
+    state = state_for(trl_config, tmp_path, real_machine)
+    examples = state.encoded[:3]
+    theirs = state.pipeline.collate(examples, state.tokenizer.pad_token_id)
+    ours = collate(examples, state.tokenizer.pad_token_id)
+    for key in ("input_ids", "labels", "attention_mask"):
+        assert theirs[key].tolist() == ours[key].tolist()  # the model checks' batches equal TRL's

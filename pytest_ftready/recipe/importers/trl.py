@@ -147,6 +147,7 @@ def _data(b: Builder) -> None:
     if fmt:
         b.tables["data"]["format"] = fmt
     b.tables.setdefault("data", {})["pipeline"] = "trl"  # the examples are TRL's own (engine/trl_pipeline.py)
+    b.mapped.append(("(trl sft)", "[data] pipeline"))
     b.put("max_length", "data", "max_length", b.get("max_length", DEFAULTS["max_length"]))
     b.put("packing", "data", "packing", bool(b.get("packing", False)))
     template = b.get("chat_template_path")
