@@ -99,7 +99,7 @@ neftune_noise_alpha: 5
 def test_a_non_chat_axolotl_dataset_is_named_not_silently_read(folder):
     path = write(folder, "axolotl.yml", "base_model: model\nmicro_batch_size: 1\ndatasets:\n"
                  "  - path: data/train.jsonl\n    type: alpaca\n")
-    with pytest.raises(RecipeError, match="no local file of type chat_template"):
+    with pytest.raises(RecipeError, match=r"\[data\] train: no local training file in this config \(datasets\[0\].type: .alpaca. rows"):
         load_recipe(path)
 
 
@@ -181,3 +181,13 @@ def test_the_three_examples_run_offline_through_the_plugin(pytester, tiny_exampl
     assert 'name="ftready_caveat:llamafactory.yaml:1"' in xml
     config = json.loads(next((pytester.path / ".ftready").glob("trl-sft/config.json")).read_text())
     assert config["recipe"]["translation"]["format"] == "trl"
+
+
+def test_a_hub_dataset_asks_for_local_files_and_the_side_toml_supplies_them(folder):
+    path = write(folder, "sft.yaml", "model_name_or_path: model\ndataset_name: trl-lib/Capybara\nlerning_rate: 1e-4\n")
+    with pytest.raises(RecipeError, match=r"dataset_name: 'trl-lib/Capybara' is not a local file .* sft.ftready.toml"):
+        load_recipe(path)
+    write(folder, "ftready.toml", '[data]\ntrain = ["data/train.jsonl"]\n')
+    origin = load_recipe(path).origin
+    assert dict(origin.not_checked)["lerning_rate"] == "not a key this translator reads; did you mean learning_rate?"
+    assert ("learning_rate (default 2e-05)", "[training] learning_rate") in origin.mapped

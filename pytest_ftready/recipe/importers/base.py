@@ -5,6 +5,7 @@ recipe.toml, plus the source key they came from). Reads files only; imports no t
 
 from __future__ import annotations
 
+import difflib
 import json
 import sys
 from dataclasses import dataclass
@@ -131,9 +132,12 @@ class Builder:
                 self.tables["model"]["revision"] = revision
 
     def translation(self, overrides: str) -> Translation:
+        known = sorted(k for k in self.seen if k not in self.raw)  # keys read but absent: a typo's target
         for key in self.raw:
             if key not in self.seen:
-                self.unchecked[key] = "not translated: no check reads it"
+                close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
+                self.unchecked[key] = (f"not a key this translator reads; did you mean {close[0]}?" if close
+                                       else "not translated: no check reads it")
         return Translation(self.format, self.title, str(self.path), tuple(self.mapped),
                            tuple(sorted(self.unchecked.items())), tuple(self.caveats), overrides)
 
@@ -150,6 +154,12 @@ class Builder:
                     self.tables[table] = values
                     self.mapped.append((f"{side.name} {table}", table))
         self.tables.setdefault("name", _name(self.path.stem))
+        if not self.tables.get("data", {}).get("train"):
+            notes = "; ".join(c for c in self.caveats if "local" in c or "left out" in c)
+            raise RecipeError(self.path, "[data] train", "no local training file in this config"
+                              + (f" ({notes})" if notes else "") + f"; the checks read local rows: write [data] "
+                              f"train = [\"path/to/train.jsonl\"] in {self.path.stem}.{SIDE_TOML} or {SIDE_TOML} "
+                              "beside it")
         origin = self.translation(str(side) if side else "")
         try:
             return validate_recipe(self.tables, self.path, origin=origin)

@@ -36,7 +36,7 @@ def put_many(b: Builder, table: str, pairs, defaults: Optional[dict] = None) -> 
         if value is not None and value != "auto":
             b.put(source, table, key, float(value) if isinstance(value, str) and NUMBER.match(value) else value)
         elif defaults and source in defaults:
-            b.put(source, table, key, defaults[source])
+            b.put(f"{source} (default {defaults[source]})", table, key, defaults[source])
 
 
 def note_meanings(b: Builder, meanings: dict[str, str]) -> None:

@@ -148,8 +148,7 @@ def _data(b: Builder) -> None:
                            "cloud_file_name"):
                 b.not_checked(f"{info_path.name} {name}.{key}", "dataset option the checks do not apply")
     if not files:
-        raise b.fail("dataset", "no local sharegpt dataset with OpenAI-style messages: the checks read local chat "
-                     "rows; set [data] train in ftready.toml")
+        return  # named in caveats; Builder.finish asks for [data] train in ftready.toml
     b.put("dataset + dataset_info.json", "data", "train", [str(f) for f in files])
     b.tables["data"]["format"] = "messages"
     if b.get("train_on_prompt", False):

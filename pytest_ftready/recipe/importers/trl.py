@@ -91,8 +91,9 @@ def translate(b: Builder) -> None:
     if not b.has("save_total_limit"):
         b.caveat("save_total_limit", "unset: TRL keeps every checkpoint; headroom.disk counts the recipe's "
                  "default of 3 (set [training] save_total_limit in ftready.toml to budget more)")
-    map_optimizer(b, "optim", b.get("optim", "adamw_torch_fused"))
-    map_scheduler(b, "lr_scheduler_type", b.get("lr_scheduler_type", "linear"))
+    map_optimizer(b, "optim" if b.has("optim") else "optim (default adamw_torch_fused)", b.get("optim", "adamw_torch_fused"))
+    map_scheduler(b, "lr_scheduler_type" if b.has("lr_scheduler_type") else "lr_scheduler_type (default linear)",
+                  b.get("lr_scheduler_type", "linear"))
     if b.get("use_cpu", False):
         b.put("use_cpu", "hardware", "device", "cpu")
     note_meanings(b, MEANING)
@@ -131,6 +132,10 @@ def _data(b: Builder) -> None:
     fmt = row_format(first_row(files), text_field)
     assistant_only = bool(b.get("assistant_only_loss", False))
     completion_only = b.get("completion_only_loss")
+    if fmt is None and not files:
+        fmt = "messages"
+        b.caveat("datasets", "no local rows to read the format from: assumed chat messages (set [data] format "
+                 "and train_on in ftready.toml otherwise)")
     if fmt == "messages":
         b.put("assistant_only_loss", "data", "train_on", "assistant" if assistant_only else "all")
         if completion_only:
@@ -148,7 +153,7 @@ def _data(b: Builder) -> None:
         b.tables["data"]["format"] = fmt
     b.tables.setdefault("data", {})["pipeline"] = "trl"  # the examples are TRL's own (engine/trl_pipeline.py)
     b.mapped.append(("(trl sft)", "[data] pipeline"))
-    b.put("max_length", "data", "max_length", b.get("max_length", DEFAULTS["max_length"]))
+    put_many(b, "data", [("max_length", "max_length")], DEFAULTS)
     b.put("packing", "data", "packing", bool(b.get("packing", False)))
     template = b.get("chat_template_path")
     if template:
