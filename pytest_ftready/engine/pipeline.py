@@ -70,8 +70,8 @@ class FunctionPipeline(Pipeline):
                 example = self.function(dict(row.data))
                 ids, labels = [int(t) for t in example["input_ids"]], [int(t) for t in example["labels"]]
             except Exception as exc:  # their code: report it on the row, like a template error
-                out.append(Encoded(row, (), (), self.method, 0, 0,
-                                   (("render_error", f"the {self.name} pipeline failed: {type(exc).__name__}: {exc}"),)))
+                failed = f"the {self.name} pipeline failed: {type(exc).__name__}: {exc}"
+                out.append(Encoded(row, (), (), self.method, 0, 0, (("render_error", failed),)))
                 continue
             problems = judge_labels(self.tok, row.data, data.format, data.train_on, ids, labels, self.stop_ids)
             trained = sum(1 for label in labels if label != IGNORE_INDEX)

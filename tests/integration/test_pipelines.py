@@ -95,7 +95,8 @@ def _trains_the_user_turn(tokenizer):
 def test_a_team_pipeline_is_judged_by_the_same_verification(tiny_example, tmp_path, real_machine, run_check):
     recipe = tiny_example / "recipe.toml"
     wrong = state_for(recipe, tmp_path, real_machine, hook=lambda r, tok: _trains_the_user_turn(tok))
-    with pytest.raises(Fail, match=r"wrong_role_trained in \d+ row\(s\): \d+ tokens of messages\[\d\] \((user|system)\)"):
+    trained_user = r"wrong_role_trained in \d+ row\(s\): \d+ tokens of messages\[\d\] \((user|system)\)"
+    with pytest.raises(Fail, match=trained_user):
         run_check(wrong, "data.masking")
     right = state_for(recipe, tmp_path, real_machine, hook=lambda r, tok: _correct(tok))
     ctx = run_check(right, "data.masking")

@@ -99,7 +99,8 @@ neftune_noise_alpha: 5
 def test_a_non_chat_axolotl_dataset_is_named_not_silently_read(folder):
     path = write(folder, "axolotl.yml", "base_model: model\nmicro_batch_size: 1\ndatasets:\n"
                  "  - path: data/train.jsonl\n    type: alpaca\n")
-    with pytest.raises(RecipeError, match=r"\[data\] train: no local training file in this config \(datasets\[0\].type: .alpaca. rows"):
+    expected = r"\[data\] train: no local training file in this config \(datasets\[0\].type: .alpaca. rows"
+    with pytest.raises(RecipeError, match=expected):
         load_recipe(path)
 
 

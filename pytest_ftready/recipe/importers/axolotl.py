@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .base import Builder
-from .common import map_optimizer, map_scheduler, mixed_precision_dtype, note_meanings, put_if, put_many
+from .common import (map_optimizer, map_scheduler, mixed_precision_dtype, note_meanings,
+                     packing_meaning, put_if, put_many)
 
 TITLE = "Axolotl"
 DEFAULTS = {"sequence_len": 512, "micro_batch_size": 1, "gradient_accumulation_steps": 1, "num_epochs": 1.0,
@@ -21,6 +22,7 @@ DATASET_KEYS_READ = {"path", "type", "data_files", "ds_type", "split", "field_me
                      "train_on_eos", "message_property_mappings", "message_field_role", "message_field_content",
                      "field", "chat_template", "name"}
 MEANING = {
+    "sample_packing": packing_meaning("Axolotl"),
     "deepspeed": "memory checks measure one device without DeepSpeed sharding or offload: their peak is the "
                  "unsharded upper bound; stack, data and masking checks are unaffected",
     "fsdp": "memory checks measure one device without FSDP sharding: their peak is the unsharded upper bound",

@@ -19,6 +19,12 @@ SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant", "c
               "cosine_with_restarts": "cosine", "cosine_with_min_lr": "cosine"}
 
 
+def packing_meaning(trainer: str) -> str:
+    """What packing changes in the checks' meaning, for one trainer."""
+    return ("data.masking verifies each row's labels before packing; data.packing checks with the plugin's own "
+            f"packer that packed examples do not attend to each other, not with {trainer}'s packer")
+
+
 NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
 

@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 
 from .base import Builder, data_files_in
-from .common import map_optimizer, map_scheduler, mixed_precision_dtype, note_meanings, put_if, put_many
+from .common import (map_optimizer, map_scheduler, mixed_precision_dtype, note_meanings,
+                     packing_meaning, put_if, put_many)
 
 TITLE = "LLaMA-Factory"
 DEFAULTS = {"cutoff_len": 2048, "finetuning_type": "lora", "lora_rank": 8, "lora_dropout": 0.0,
@@ -19,6 +20,7 @@ ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 ATTENTION = {"fa2": "flash_attention_2", "sdpa": "sdpa", "disabled": "eager"}
 OPENAI_TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
 MEANING = {
+    "packing": packing_meaning("LLaMA-Factory"),
     "deepspeed": "memory checks measure one device without DeepSpeed sharding or offload: their peak is the "
                  "unsharded upper bound; stack, data and masking checks are unaffected",
     "max_steps": "LLaMA-Factory stops after max_steps; headroom.time and headroom.disk budget the epochs instead",

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .base import Builder, first_row, row_format
-from .common import map_optimizer, map_scheduler, note_meanings, put_if, put_many
+from .common import (map_optimizer, map_scheduler, note_meanings, packing_meaning, put_if, put_many)
 
 TITLE = "TRL (trl sft --config)"
 # The SFTConfig / TrainingArguments defaults that differ from the recipe's (TRL 1.16).
@@ -18,6 +18,7 @@ DEFAULTS = {"max_length": 1024, "learning_rate": 2e-5, "per_device_train_batch_s
             "output_dir": "trainer_output", "dtype": "float32"}
 # Keys recognised as TRL's that change what a check means: named with what is still checked.
 MEANING = {
+    "packing": packing_meaning("TRL"),
     "deepspeed": "memory checks measure one device without DeepSpeed sharding or offload: their peak is the "
                  "unsharded upper bound; stack, data and masking checks are unaffected",
     "fsdp": "memory checks measure one device without FSDP sharding: their peak is the unsharded upper bound",
@@ -91,7 +92,8 @@ def translate(b: Builder) -> None:
     if not b.has("save_total_limit"):
         b.caveat("save_total_limit", "unset: TRL keeps every checkpoint; headroom.disk counts the recipe's "
                  "default of 3 (set [training] save_total_limit in ftready.toml to budget more)")
-    map_optimizer(b, "optim" if b.has("optim") else "optim (default adamw_torch_fused)", b.get("optim", "adamw_torch_fused"))
+    map_optimizer(b, "optim" if b.has("optim") else "optim (default adamw_torch_fused)",
+                  b.get("optim", "adamw_torch_fused"))
     map_scheduler(b, "lr_scheduler_type" if b.has("lr_scheduler_type") else "lr_scheduler_type (default linear)",
                   b.get("lr_scheduler_type", "linear"))
     if b.get("use_cpu", False):
