@@ -155,3 +155,14 @@ def test_trls_collator_pads_like_the_engine(trl_config, tmp_path, real_machine):
     ours = collate(examples, state.tokenizer.pad_token_id)
     for key in ("input_ids", "labels", "attention_mask"):
         assert theirs[key].tolist() == ours[key].tolist()  # the model checks' batches equal TRL's
+
+
+def test_a_pipeline_that_trains_nothing_says_so(tiny_example, tmp_path, real_machine, run_check):
+    """What an all-zero assistant mask does (TRL versions that warn instead of refusing): no token trained."""
+    def all_masked(recipe, tok):
+        return lambda row: {"input_ids": _correct(tok)(row)["input_ids"],
+                            "labels": [-100] * len(_correct(tok)(row)["input_ids"])}
+
+    state = state_for(tiny_example / "recipe.toml", tmp_path, real_machine, hook=all_masked)
+    with pytest.raises(Fail, match=r"conftest pipeline would train on 0 tokens of 50 rows"):
+        run_check(state, "data.masking")
