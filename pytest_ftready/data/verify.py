@@ -99,9 +99,11 @@ def text_and_offsets(tokenizer, ids: Sequence[int]) -> tuple[str, list[tuple[int
 
 
 def judge_labels(tokenizer, row_data: dict, fmt: str, train_on: str, ids: Sequence[int], labels: Sequence[int],
-                 stop_ids: frozenset[int], full_length: Optional[int] = None) -> list[tuple[str, str]]:
+                 stop_ids: frozenset[int], full_length: Optional[int] = None,
+                 max_length: Optional[int] = None) -> list[tuple[str, str]]:
     """Every problem of labels someone else made for one row (the same verification the built-in
-    encoder's own labels get). ``full_length``: tokens before truncation, when known."""
+    encoder's own labels get). ``full_length``: tokens before truncation, when known; else a row
+    that fills ``max_length`` is taken as cut there."""
     if len(ids) != len(labels):
         return [("render_error", f"input_ids ({len(ids)}) and labels ({len(labels)}) differ in length")]
     trained = [label != IGNORE_INDEX for label in labels]
@@ -114,16 +116,17 @@ def judge_labels(tokenizer, row_data: dict, fmt: str, train_on: str, ids: Sequen
         text, offsets = text_and_offsets(tokenizer, ids)
         messages = row_data["messages"]
         problems += role_problems(messages, text, offsets, trained, trained_turns(messages, train_on), train_on)
-    truncated = full_length is not None and full_length > len(ids)
+    known = full_length is not None
+    truncated = (full_length > len(ids)) if known else (max_length is not None and len(ids) >= max_length)
     spans = runs(trained)
     if truncated and spans and spans[-1][1] == len(ids):
         spans = spans[:-1]  # the last span runs into the cut: its stop token is beyond max_length
     problems += sequence_problems(tokenizer, ids, [any(s <= k < e for s, e in spans) for k in range(len(ids))]
                                   if truncated else trained, stop_ids)
+    was = f"{full_length} tokens" if known else "a longer row"
     if not any(trained):
-        problems.append(("truncated_all" if truncated else "no_supervised",
-                         f"max_length {len(ids)} cuts the whole response ({full_length} tokens)" if truncated
-                         else "no token of this row carries loss"))
+        problems.append(("truncated_all", f"max_length {len(ids)} cuts the whole response ({was})") if truncated
+                        else ("no_supervised", "no token of this row carries loss"))
     elif truncated:
-        problems.append(("truncated_part", f"max_length cuts this row from {full_length} to {len(ids)} tokens"))
+        problems.append(("truncated_part", f"max_length cuts this row to {len(ids)} tokens ({was})"))
     return problems

@@ -73,7 +73,8 @@ class FunctionPipeline(Pipeline):
                 failed = f"the {self.name} pipeline failed: {type(exc).__name__}: {exc}"
                 out.append(Encoded(row, (), (), self.method, 0, 0, (("render_error", failed),)))
                 continue
-            problems = judge_labels(self.tok, row.data, data.format, data.train_on, ids, labels, self.stop_ids)
+            problems = judge_labels(self.tok, row.data, data.format, data.train_on, ids, labels, self.stop_ids,
+                                    max_length=data.max_length)
             trained = sum(1 for label in labels if label != IGNORE_INDEX)
             out.append(Encoded(row, tuple(ids), tuple(labels), self.method, len(ids), trained, tuple(problems)))
         return out

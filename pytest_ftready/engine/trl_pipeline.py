@@ -67,12 +67,18 @@ class TrlPipeline(Pipeline):
     def _trainer(self, rows: Sequence, max_length):
         try:
             import datasets
+            import pyarrow
             from transformers import LlamaConfig, LlamaForCausalLM
             from trl import SFTConfig, SFTTrainer
         except ImportError as exc:
             raise Skip(f"the recipe trains with TRL but trl is not installed ({exc}); "
                        "pip install 'pytest-ftready[trl]'") from None
-        table = datasets.Dataset.from_list([{**row.data, ROW_KEY: i} for i, row in enumerate(rows)])
+        try:
+            table = datasets.Dataset.from_list([{**row.data, ROW_KEY: i} for i, row in enumerate(rows)])
+        except (TypeError, ValueError, pyarrow.ArrowException) as exc:
+            raise ValueError(f"the rows do not form one datasets.Dataset, as TRL needs them ({type(exc).__name__}: "
+                             f"{exc}); TRL's load_dataset would fail the same way: give every row the same fields "
+                             "and types") from None
         tok = copy.deepcopy(self.tok)  # TRL sets eos/pad tokens on the tokenizer it gets
         stand_in = LlamaForCausalLM(LlamaConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                                                 num_attention_heads=1, num_key_value_heads=1, vocab_size=len(tok),

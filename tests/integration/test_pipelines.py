@@ -166,3 +166,13 @@ def test_a_pipeline_that_trains_nothing_says_so(tiny_example, tmp_path, real_mac
     state = state_for(tiny_example / "recipe.toml", tmp_path, real_machine, hook=all_masked)
     with pytest.raises(Fail, match=r"conftest pipeline would train on 0 tokens of 50 rows"):
         run_check(state, "data.masking")
+
+
+def test_rows_trl_cannot_load_as_one_dataset_fail_with_the_reason(trl_config, tmp_path, real_machine, run_check):
+    data = trl_config.parent / "data" / "train.jsonl"
+    lines = data.read_text().splitlines()
+    lines[0] = lines[0][:-1] + ', "meta": 1}'
+    lines[1] = lines[1][:-1] + ', "meta": "x"}'
+    data.write_text("\n".join(lines) + "\n")
+    with pytest.raises(Fail, match=r"the rows do not form one datasets.Dataset, as TRL needs them .*same fields"):
+        run_check(state_for(trl_config, tmp_path, real_machine), "data.masking")

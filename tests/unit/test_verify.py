@@ -77,3 +77,13 @@ def test_helpers():
     messages = ROW["messages"] + [{"role": "user", "content": "More?"}, {"role": "assistant", "content": "No."}]
     assert trained_turns(messages, "assistant") == [2, 4] and trained_turns(messages, "last_assistant") == [4]
     assert role_problems(messages, "", [], [], [2], "assistant") == []  # nothing located, nothing judged
+
+
+def test_a_row_filling_max_length_is_taken_as_cut_when_its_full_length_is_unknown(tok):
+    ids, labels = prefix_labels(tok)
+    cut = len(ids) - 3
+    problems = dict(judge_labels(tok, ROW, "messages", "assistant", ids[:cut], labels[:cut], stops(tok),
+                                 max_length=cut))
+    assert "stop_untrained" not in problems and "a longer row" in problems["truncated_part"]
+    assert "truncated_part" not in dict(judge_labels(tok, ROW, "messages", "assistant", ids, labels, stops(tok),
+                                                     max_length=len(ids) + 1))

@@ -58,7 +58,10 @@ class Translation:
     def suite_properties(self) -> list[tuple[str, str]]:
         """JUnit suite properties: one per unchecked key and per caveat."""
         stem = Path(self.source).name
-        out = [(f"ftready_translated:{stem}", f"{self.title}: {len(self.mapped)} keys")]
+        side = Path(self.overrides).name + " " if self.overrides else None
+        own = sum(1 for src, _ in self.mapped if not (side and src.startswith(side)))
+        out = [(f"ftready_translated:{stem}", f"{self.title}: {own} keys translated"
+                + (f", overrides from {side.strip()}" if side else ""))]
         out += [(f"ftready_not_checked:{stem}:{key}", why) for key, why in self.not_checked]
         out += [(f"ftready_caveat:{stem}:{i}", text) for i, text in enumerate(self.caveats, start=1)]
         return out
