@@ -176,3 +176,10 @@ def test_rows_trl_cannot_load_as_one_dataset_fail_with_the_reason(trl_config, tm
     data.write_text("\n".join(lines) + "\n")
     with pytest.raises(Fail, match=r"the rows do not form one datasets.Dataset, as TRL needs them .*same fields"):
         run_check(state_for(trl_config, tmp_path, real_machine), "data.masking")
+
+
+def test_a_toml_recipe_can_ask_for_trls_pipeline(make_state, run_check):
+    state = make_state(packing='false\npipeline = "trl"')
+    ctx = run_check(state, "data.masking")
+    assert {m.name: m.value for m in ctx.measured}["pipeline"] == "trl"
+    assert state.encoded[0].method == "TRL SFTTrainer"
