@@ -163,6 +163,13 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
         terminalreporter.write_sep("-", "ftready measurements")
         for line in measurements.summary_lines(run.measurements):
             terminalreporter.write_line(line)
+    if run and config.get_verbosity() < 0:  # -q hides the header: still say what was not checked
+        for state in run.recipes.values():
+            origin = state.recipe.origin
+            if origin is not None and (origin.not_checked or origin.caveats):
+                for line in origin.header_lines()[1:]:
+                    if " not checked " in line or " note: " in line:
+                        terminalreporter.write_line(line)
 
 
 def pytest_sessionfinish(session) -> None:

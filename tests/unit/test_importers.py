@@ -184,6 +184,8 @@ def test_the_three_examples_run_offline_through_the_plugin(pytester, tiny_exampl
     assert 'name="ftready_caveat:llamafactory.yaml:1"' in xml
     config = json.loads(next((pytester.path / ".ftready").glob("trl-sft/config.json")).read_text())
     assert config["recipe"]["translation"]["format"] == "trl"
+    quiet = pytester.runpytest_subprocess(args[1], "-q", "-k", "data.format", "-p", "no:cacheprovider")
+    assert "axolotl.yml not checked (2): logging_steps" in quiet.stdout.str()  # -q hides the header, not this
 
 
 def test_a_hub_dataset_asks_for_local_files_and_the_side_toml_supplies_them(folder):
