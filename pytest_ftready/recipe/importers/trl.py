@@ -114,6 +114,8 @@ def _data(b: Builder) -> None:
         found = _entry_files(b, where, entry)
         files += found
         sources += [f"{where}.data_files" if entry.get("data_files") else f"{where}.path"] * bool(found)
+        if entry.get("split", "train") != "train":
+            b.caveat(f"{where}.split", "the checks read every row of the files, whatever the split")
         for key in entry:
             if key not in ("path", "data_files", "split", "name", "data_dir"):
                 b.not_checked(f"{where}.{key}", "dataset option the checks do not apply (they read every row)")
