@@ -7,3 +7,11 @@ import pytest
 def pytest_ftready_machine(config):
     """Return a ``pytest_ftready.probes.Machine`` to use instead of probing this machine
     (a fake machine in tests, or a machine description from elsewhere). First result wins."""
+
+
+@pytest.hookspec(firstresult=True)
+def pytest_ftready_pipeline(recipe, tokenizer):
+    """Return the team's own data pipeline, so the checks judge the labels their code makes:
+    a function ``row: dict -> {"input_ids": [...], "labels": [...]}`` (the one their trainer
+    maps over the dataset), a ``(function, collator)`` pair, or a
+    ``pytest_ftready.engine.pipeline.Pipeline``. None: the recipe's own pipeline. First result wins."""

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-HELP_RECIPE = "run the readiness checks of this fine-tuning recipe (TOML); repeatable"
+HELP_RECIPE = ("run the readiness checks of this fine-tuning recipe (TOML), or of a TRL, Axolotl or LLaMA-Factory "
+               "YAML config; repeatable")
 HELP_ARTIFACTS = "folder for ftready artifacts (environment.json, measurements, reports); default .ftready"
 HELP_NIGHTLY = "also run the long checks marked nightly (sustained throughput, lever sweeps)"
 HELP_CPU_SHORT = "run sustained.* and levers.sweep on a machine without an accelerator, in a short mode"

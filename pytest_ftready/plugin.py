@@ -61,6 +61,7 @@ def pytest_configure(config) -> None:
         cpu_short=config.getoption("ftready_cpu_short"),
         hub_timeout_s=config.getoption("ftready_hub_timeout") or 10.0,
         progress=lambda line: _progress(config, line),
+        pipeline_hook=lambda recipe, tokenizer: config.hook.pytest_ftready_pipeline(recipe=recipe, tokenizer=tokenizer),
     )
 
 
@@ -90,7 +91,35 @@ def pytest_report_header(config) -> list[str]:
     if not recipes.value:
         return []
     names = ", ".join(str(p) for p in recipes.value)
-    return [f"ftready: recipes {names} (from {recipes.source}); artifacts {options.artifacts_root(config)}"]
+    return [f"ftready: recipes {names} (from {recipes.source}); artifacts {options.artifacts_root(config)}",
+            *_translation_lines(recipes.value)]
+
+
+# ---- trainer configs read as recipes (recipe/importers): the translation is shown ------
+def _translation_lines(paths) -> list[str]:
+    """For each TRL / Axolotl / LLaMA-Factory config: what became what, what is not checked."""
+    from .recipe.schema import RecipeError, load_recipe
+
+    lines = []
+    for path in paths:
+        if path.suffix.lower() in (".yaml", ".yml") and path.is_file():
+            try:
+                lines += load_recipe(path).origin.header_lines()
+            except RecipeError:
+                pass  # collection reports it as the recipe's error
+    return lines
+
+
+def pytest_collection_finish(session) -> None:
+    """Unchecked keys and caveats of imported configs become JUnit suite properties."""
+    run = session.config.stash.get(RUN_KEY, None)
+    xml = next((p for p in session.config.pluginmanager.get_plugins() if hasattr(p, "add_global_property")), None)
+    if run is None or xml is None:
+        return
+    for state in run.recipes.values():
+        if state.recipe.origin is not None:
+            for name, value in state.recipe.origin.suite_properties():
+                xml.add_global_property(name, value)
 
 
 def pytest_collection(session) -> None:
@@ -153,6 +182,13 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
         terminalreporter.write_sep("-", "ftready measurements")
         for line in measurements.summary_lines(run.measurements):
             terminalreporter.write_line(line)
+    if run and config.get_verbosity() < 0:  # -q hides the header: still say what was not checked
+        for state in run.recipes.values():
+            origin = state.recipe.origin
+            if origin is not None and (origin.not_checked or origin.caveats):
+                for line in origin.header_lines()[1:]:
+                    if " not checked " in line or " note: " in line:
+                        terminalreporter.write_line(line)
 
 
 def pytest_sessionfinish(session) -> None:

@@ -159,9 +159,10 @@ def data_masking(ctx) -> None:
     state, recipe = ctx.state, ctx.recipe
     encoded = encoded_rows(ctx, "check")
     sample = [e for e in encoded if e.problems][: recipe.data.sample] or encoded[: recipe.data.sample]
-    method = span_methods(encoded)
+    method = span_methods(encoded)  # built-in encoder, TRL's SFTTrainer, or the team's pipeline
     report = write_private(state.artifacts / "masking.html", masking_report(state.tokenizer, sample, method))
     ctx.user_properties.append(("masking_report", str(report)))
+    ctx.measure("pipeline", state.pipeline.name, "")
     ctx.measure("trained_span_method", method, "")
     skipped = left_out(ctx, encoded)
     trained = sum(e.trained for e in encoded)
@@ -174,6 +175,9 @@ def data_masking(ctx) -> None:
     found = problems_by_kind(encoded, MASKING_KINDS)
     limit = recipe.checks.max_truncated_share
     messages = []
+    if trained == 0:
+        messages.append(f"{method} would train on 0 tokens of {len(encoded)} rows: the loss would look healthy "
+                        "and teach nothing")
     if found:
         messages.append(summarize(found))
     if share > limit:

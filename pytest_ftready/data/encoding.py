@@ -24,8 +24,8 @@ from typing import Iterable, Optional
 from ..recipe.schema import CHAT_FORMATS
 from .layouts import Chat, Sample, read_sample
 from .rows import Row
+from .verify import IGNORE_INDEX, runs, sequence_problems, verify_turns
 
-IGNORE_INDEX = -100
 # Problems that make a row unusable for training (the engine leaves such rows out).
 BLOCKING = frozenset({"render_error", "markers_empty", "truncated_all", "no_supervised"})
 CHAT_METHODS = ("generation-markers", "prefix-diff")  # Encoded.method of rows rendered through the chat template
@@ -191,29 +191,18 @@ class Encoder:
             problems.append(("markers_empty", "the template's {% generation %} blocks mark no token; "
                              "its assistant mask is all zero"))
             return []
-        runs = _runs(mask)
+        blocks = runs(mask)
         assistant = [i for i, m in enumerate(chat.messages) if m.get("role") == "assistant"]
-        if len(runs) == len(assistant):  # one marked block per assistant turn, in order
-            runs = [run for run, i in zip(runs, assistant) if i in chat.trained]
+        if len(blocks) == len(assistant):  # one marked block per assistant turn, in order
+            blocks = [block for block, i in zip(blocks, assistant) if i in chat.trained]
         elif self.train_on == "last_assistant":
-            runs = runs[-1:]
+            blocks = blocks[-1:]
         # otherwise the blocks do not line up with the turns: keep them all; verify_turns says what is wrong
         offsets = base["offset_mapping"]
-        return [tuple(offsets[k]) for start, end in runs for k in range(start, end) if offsets[k][1] > offsets[k][0]]
+        return [tuple(offsets[k]) for start, end in blocks for k in range(start, end) if offsets[k][1] > offsets[k][0]]
 
     def _finish(self, row: Row, ids: list[int], trained: list[bool], problems: list, method: str) -> Encoded:
-        problems = list(problems)
-        bos = self.tok.bos_token_id
-        if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
-            problems.append(("bos_doubled", "the sequence starts with BOS twice (the template writes BOS and the "
-                             "tokenizer adds another)"))
-        runs = _runs(trained)
-        if runs:
-            missing = [r for r in runs if not any(ids[k] in self.stop_ids for k in range(*r))]
-            if missing and self.stop_ids:
-                names = ", ".join(sorted({self.tok.convert_ids_to_tokens(s) for s in self.stop_ids}))
-                problems.append(("stop_untrained", f"{len(missing)} of {len(runs)} trained spans end without a stop "
-                                 f"token ({names}): the model never learns to stop"))
+        problems = list(problems) + sequence_problems(self.tok, ids, trained, self.stop_ids)
         trained_full = sum(trained)
         labels = [t if flag else IGNORE_INDEX for t, flag in zip(ids, trained)]
         full_length = len(ids)
@@ -230,41 +219,6 @@ class Encoder:
         return Encoded(row, tuple(ids), tuple(labels), method, full_length, trained_full, tuple(problems))
 
 
-def verify_turns(chat: Chat, text: str, offsets, trained: list[bool], train_on: str) -> list[tuple[str, str]]:
-    """Independent of how the spans were found: locate each message's content in the render and
-    compare what is trained with what the row asks for (its responses, its training flags)."""
-    starts = [a if b > a else -1 for a, b in offsets]
-    order = sorted(range(len(starts)), key=lambda k: starts[k])
-    sorted_starts = [starts[k] for k in order]
-    problems = []
-    cursor = 0
-    turns = set(chat.trained)
-    for i, message in enumerate(chat.messages):
-        content = message.get("content")
-        if not isinstance(content, str) or not content:
-            continue
-        at = text.find(content, cursor)
-        if at < 0:
-            continue  # the template rewrote this content; nothing to attribute
-        cursor = at + len(content)
-        lo = bisect.bisect_left(sorted_starts, at)
-        hi = bisect.bisect_left(sorted_starts, cursor)
-        tokens = [order[k] for k in range(lo, hi)]
-        if not tokens:
-            continue
-        flags = [trained[t] for t in tokens]
-        label, role = chat.labels[i], message.get("role")
-        if i in turns and not all(flags):
-            problems.append(("assistant_untrained", f"{sum(1 for f in flags if not f)} of {len(flags)} tokens of "
-                             f"assistant turn {label} carry no loss"))
-        elif i not in turns and any(flags):
-            why = (f"it is marked not to train ({chat.marks[i]})" if chat.marks[i]
-                   else f"{role} turns do not train under train_on = \"{train_on}\"" if role != "assistant"
-                   else f"it is not a trained turn under train_on = \"{train_on}\"")
-            problems.append(("wrong_role_trained", f"{sum(flags)} tokens of {label} ({role}) carry loss, but {why}"))
-    return problems
-
-
 def _trained_flags(offsets, spans) -> list[bool]:
     spans = sorted(spans)
     span_starts = [a for a, _ in spans]
@@ -278,21 +232,10 @@ def _trained_flags(offsets, spans) -> list[bool]:
     return flags
 
 
-def _runs(flags: list[bool]) -> list[tuple[int, int]]:
-    runs, start = [], None
-    for i, flag in enumerate(flags + [False]):
-        if flag and start is None:
-            start = i
-        elif not flag and start is not None:
-            runs.append((start, i))
-            start = None
-    return runs
-
-
 def _trim_after_stop(ids: list[int], trained: list[bool], stop_ids: frozenset[int]) -> None:
     """Prefix-diff spans end with the template's text after the stop token (a newline):
     that text is never generated, so it carries no loss."""
-    for start, end in _runs(trained):
+    for start, end in runs(trained):
         stops = [k for k in range(start, end) if ids[k] in stop_ids]
         if stops:
             for k in range(stops[-1] + 1, end):

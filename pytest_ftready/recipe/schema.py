@@ -88,6 +88,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "add_special_tokens": _k("bool", False, "the trainer tokenizes rendered text adding BOS/EOS"),
         "stop_tokens": _k("strs", [], "extra end-of-turn tokens besides EOS"),
         "roles": _k("table", {}, "ShareGPT speaker names mapped to roles, e.g. { bot = \"assistant\" }"),
+        "pipeline": _k("choice", "builtin", "what makes the training examples the checks judge and train on",
+                       choices=("builtin", "trl")),
     },
     "adapter": {
         "method": _k("choice", "lora", "none = full fine-tune", choices=("none", "lora")),
@@ -185,12 +187,15 @@ class Recipe(PRecord):
     pins = pfield()
     privacy = pfield()
     export = pfield()
+    origin = pfield(initial=None)  # importers.Translation when read from a trainer's config, else None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-ready form (paths as strings) for artifacts."""
         out: dict[str, Any] = {"name": self.name, "source": str(self.source)}
         for table in SCHEMA:
             out[table] = {k: _plain(v) for k, v in getattr(self, table).items()}
+        if self.origin is not None:
+            out["translation"] = self.origin.to_dict()
         return out
 
 
@@ -322,6 +327,13 @@ def parse_recipe(text: str, path: Path | str) -> Recipe:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise parser.fail("", f"not valid TOML: {exc}") from None
+    return validate_recipe(raw, path)
+
+
+def validate_recipe(raw: dict, path: Path | str, origin: Any = None) -> Recipe:
+    """Validate TOML-shaped tables (from a recipe.toml or an importer) as the recipe at ``path``."""
+    path = Path(path).resolve()
+    parser = _Parser(path)
     for name in raw:
         if name not in SCHEMA and name not in TOP_KEYS:
             what = f"[{name}]" if isinstance(raw[name], dict) else name
@@ -333,12 +345,17 @@ def parse_recipe(text: str, path: Path | str) -> Recipe:
         raise parser.fail("name", f"expected letters, digits, '.', '_' or '-', got {_describe(name)}")
     tables = {table: parser.table(table, raw.get(table, {})) for table in SCHEMA}
     _cross_checks(parser, tables)
-    return Recipe(name=name, source=path, folder=path.parent, **tables)
+    return Recipe(name=name, source=path, folder=path.parent, origin=origin, **tables)
 
 
 def load_recipe(path: Path | str) -> Recipe:
-    """Read and validate the recipe file at ``path``."""
+    """Read and validate the recipe file at ``path`` (a trainer's YAML config goes through
+    ``recipe.importers``)."""
     path = Path(path)
+    if path.suffix.lower() in (".yaml", ".yml"):  # TRL / Axolotl / LLaMA-Factory config
+        from .importers import load_config
+
+        return load_config(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

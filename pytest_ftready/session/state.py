@@ -34,6 +34,7 @@ class RunState:
     free_bytes: Optional[Callable[[Path], int]] = None  # -> free bytes on a path's disk (tests: a small disk)
     telemetry_factory: Optional[Callable[..., Any]] = None  # (device, machine) -> (sources, missing); tests: fake NVML
     progress: Optional[Callable[[str], None]] = None  # a line for the terminal while long work runs
+    pipeline_hook: Optional[Callable[..., Any]] = None  # (recipe, tokenizer) -> the team's pipeline or None
     recipes: dict[Path, "RecipeState"] = field(default_factory=dict)
     variants: dict[tuple, "RecipeState"] = field(default_factory=dict)  # (source, variant id) -> state
     models: dict[tuple, Any] = field(default_factory=dict)  # ([model] table, device) -> the loaded base model
@@ -167,20 +168,30 @@ class RecipeState:
         except ValueError as exc:  # no chat template, slow tokenizer, unknown stop token
             raise Fail(str(exc)) from None
 
+    # ---- the pipeline: what makes the training examples (issue 12) ---------------------------
+    @fact
+    def pipeline(self):
+        """What makes the training examples: the team's (hook), TRL's, or the built-in encoder."""
+        from ..engine.pipeline import select_pipeline
+
+        return select_pipeline(self)
+
     @fact
     def encoded(self):
-        """Every well-formed row, encoded: a list of ``Encoded``."""
+        """Every well-formed row, as the recipe's pipeline makes it: a list of ``Encoded``."""
         from ..data.layouts import row_problems
 
         rows, _ = self.rows
-        fmt, train_on = self.recipe.data.format, self.recipe.data.train_on
-        encoder, out = self.encoder, []
-        for i, row in enumerate(rows, start=1):
-            if not row_problems(row, fmt, train_on, self.recipe.data.roles):
-                out.append(encoder.encode(row))
-            if len(rows) >= PROGRESS_ROWS:
-                self.progress(f"encoded {i:,} of {len(rows):,} rows")
-        return out
+        data = self.recipe.data
+        usable = [row for row in rows if not row_problems(row, data.format, data.train_on, data.roles)]
+        try:
+            return self.pipeline.encode(usable)
+        except ValueError as exc:  # the pipeline cannot make examples (TRL refuses to start, rows it cannot load)
+            raise Fail(str(exc)) from None
+
+    def encode_progress(self, done: int, total: int) -> None:
+        if total >= PROGRESS_ROWS:
+            self.progress(f"encoded {done:,} of {total:,} rows")
 
     @fact
     def trainable_examples(self):

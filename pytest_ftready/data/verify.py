@@ -1,0 +1,127 @@
+"""Independent verification of labels, whoever made them (the built-in encoder, TRL's
+SFTTrainer, a team's own formatting function): each message's content is located in the
+rendered text of the example; user/system tokens must carry no loss, every token of a trained
+assistant turn must, and every trained span must end with a stop token. Truncation is
+accounted for: content cut off by ``max_length`` is not located, so it is not judged.
+
+Imports nothing of the package; no torch. A conversation is a ``layouts.Chat``: its messages,
+which of them train, and the flag that stops a turn training."""
+
+from __future__ import annotations
+
+import bisect
+from typing import Optional, Sequence
+
+IGNORE_INDEX = -100
+
+
+def verify_turns(chat, text: str, offsets, trained: list[bool], train_on: str) -> list[tuple[str, str]]:
+    """Independent of how the spans were found: locate each message's content in the render and
+    compare what is trained with what the row asks for (its responses, its training flags)."""
+    starts = [a if b > a else -1 for a, b in offsets]
+    order = sorted(range(len(starts)), key=lambda k: starts[k])
+    sorted_starts = [starts[k] for k in order]
+    problems = []
+    cursor = 0
+    turns = set(chat.trained)
+    for i, message in enumerate(chat.messages):
+        content = message.get("content")
+        if not isinstance(content, str) or not content:
+            continue
+        at = text.find(content, cursor)
+        if at < 0:
+            continue  # the template rewrote this content; nothing to attribute
+        cursor = at + len(content)
+        lo = bisect.bisect_left(sorted_starts, at)
+        hi = bisect.bisect_left(sorted_starts, cursor)
+        tokens = [order[k] for k in range(lo, hi)]
+        if not tokens:
+            continue
+        flags = [trained[t] for t in tokens]
+        label, role = chat.labels[i], message.get("role")
+        if i in turns and not all(flags):
+            problems.append(("assistant_untrained", f"{sum(1 for f in flags if not f)} of {len(flags)} tokens of "
+                             f"assistant turn {label} carry no loss"))
+        elif i not in turns and any(flags):
+            why = (f"it is marked not to train ({chat.marks[i]})" if chat.marks[i]
+                   else f"{role} turns do not train under train_on = \"{train_on}\"" if role != "assistant"
+                   else f"it is not a trained turn under train_on = \"{train_on}\"")
+            problems.append(("wrong_role_trained", f"{sum(flags)} tokens of {label} ({role}) carry loss, but {why}"))
+    return problems
+
+
+def runs(flags: Sequence[bool]) -> list[tuple[int, int]]:
+    """(start, end) of each run of consecutive True flags."""
+    out, start = [], None
+    for i, flag in enumerate(list(flags) + [False]):
+        if flag and start is None:
+            start = i
+        elif not flag and start is not None:
+            out.append((start, i))
+            start = None
+    return out
+
+
+def sequence_problems(tokenizer, ids: Sequence[int], trained: Sequence[bool],
+                      stop_ids: frozenset[int]) -> list[tuple[str, str]]:
+    """BOS written twice; trained spans that end without a stop token."""
+    problems = []
+    bos = tokenizer.bos_token_id
+    if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
+        problems.append(("bos_doubled", "the sequence starts with BOS twice (the template writes BOS and the "
+                         "tokenizer adds another)"))
+    spans = runs(trained)
+    missing = [r for r in spans if not any(ids[k] in stop_ids for k in range(*r))]
+    if spans and missing and stop_ids:
+        names = ", ".join(sorted({tokenizer.convert_ids_to_tokens(s) for s in stop_ids}))
+        problems.append(("stop_untrained", f"{len(missing)} of {len(spans)} trained spans end without a stop "
+                         f"token ({names}): the model never learns to stop"))
+    return problems
+
+
+def text_and_offsets(tokenizer, ids: Sequence[int]) -> tuple[str, list[tuple[int, int]]]:
+    """The text of ``ids`` and each token's character span in it. Re-tokenizing the decoded text
+    gives exact offsets when it round-trips; else each token's decoded piece is laid end to end."""
+    text = tokenizer.decode(list(ids), skip_special_tokens=False)
+    again = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    if list(again["input_ids"]) == list(ids):
+        return text, [tuple(o) for o in again["offset_mapping"]]
+    pieces = [tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+    offsets, at = [], 0
+    for piece in pieces:
+        offsets.append((at, at + len(piece)))
+        at += len(piece)
+    return "".join(pieces), offsets
+
+
+def judge_labels(tokenizer, sample, train_on: str, ids: Sequence[int], labels: Sequence[int],
+                 stop_ids: frozenset[int], full_length: Optional[int] = None,
+                 max_length: Optional[int] = None) -> list[tuple[str, str]]:
+    """Every problem of labels someone else made for one row, read as ``sample`` (``layouts.Chat``
+    or ``Plain``; the same verification the built-in encoder's own labels get). ``full_length``: tokens before truncation, when known; else a row
+    that fills ``max_length`` is taken as cut there."""
+    if len(ids) != len(labels):
+        return [("render_error", f"input_ids ({len(ids)}) and labels ({len(labels)}) differ in length")]
+    trained = [label != IGNORE_INDEX for label in labels]
+    wrong = [k for k, (t, label) in enumerate(zip(ids, labels)) if label != IGNORE_INDEX and label != t]
+    problems: list[tuple[str, str]] = []
+    if wrong:
+        problems.append(("labels_shifted", f"{len(wrong)} labels differ from their input_ids (first at token "
+                         f"{wrong[0]}): labels must be input_ids with -100 where no loss is taken; the model shifts"))
+    if hasattr(sample, "messages") and train_on != "all":  # a conversation (layouts.Chat): judge each turn
+        text, offsets = text_and_offsets(tokenizer, ids)
+        problems += verify_turns(sample, text, offsets, trained, train_on)
+    known = full_length is not None
+    truncated = (full_length > len(ids)) if known else (max_length is not None and len(ids) >= max_length)
+    spans = runs(trained)
+    if truncated and spans and spans[-1][1] == len(ids):
+        spans = spans[:-1]  # the last span runs into the cut: its stop token is beyond max_length
+    problems += sequence_problems(tokenizer, ids, [any(s <= k < e for s, e in spans) for k in range(len(ids))]
+                                  if truncated else trained, stop_ids)
+    was = f"{full_length} tokens" if known else "a longer row"
+    if not any(trained):
+        problems.append(("truncated_all", f"max_length {len(ids)} cuts the whole response ({was})") if truncated
+                        else ("no_supervised", "no token of this row carries loss"))
+    elif truncated:
+        problems.append(("truncated_part", f"max_length cuts this row to {len(ids)} tokens ({was})"))
+    return problems

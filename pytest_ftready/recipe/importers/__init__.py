@@ -1,0 +1,54 @@
+"""Recipes from the configs teams already have: a TRL ``trl sft --config`` YAML, an Axolotl
+YAML, a LLaMA-Factory YAML (+ its ``dataset_info.json``). The format is recognised from the
+file's keys; each importer fills the same TOML-shaped tables a recipe.toml holds, a side
+``ftready.toml`` adds what those files cannot say (thresholds, privacy policy, a local model
+path), and the result goes through the recipe schema's validation. ``Recipe.origin`` keeps
+the translation: which key became which, which were not checked, which values change what
+the checks mean.
+
+Imports no trainer (TRL, Axolotl, LLaMA-Factory are never imported here: the files are read)
+and nothing outside ``recipe``; pyyaml is the only extra dependency."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..schema import Recipe, RecipeError
+from . import axolotl, llamafactory, trl
+from .base import Builder, Translation, read_yaml
+
+IMPORTERS = {"trl": trl, "axolotl": axolotl, "llamafactory": llamafactory}
+# Keys only one trainer's config has: enough to tell the three apart.
+AXOLOTL_KEYS = ("base_model", "micro_batch_size", "sequence_len", "sample_packing", "num_epochs")
+LLAMAFACTORY_KEYS = ("stage", "finetuning_type", "cutoff_len", "dataset_dir", "lora_rank", "lora_target", "template")
+TRL_KEYS = ("model_name_or_path", "dataset_name", "use_peft", "assistant_only_loss", "completion_only_loss",
+            "max_length", "per_device_train_batch_size")
+
+
+def detect(raw: dict) -> str | None:
+    """Which trainer wrote this mapping: "axolotl", "llamafactory", "trl", or None."""
+    if any(key in raw for key in AXOLOTL_KEYS):
+        return "axolotl"
+    if any(key in raw for key in LLAMAFACTORY_KEYS) or isinstance(raw.get("dataset"), str):
+        return "llamafactory"
+    if any(key in raw for key in TRL_KEYS):
+        return "trl"
+    return None
+
+
+def load_config(path: Path | str) -> Recipe:
+    """Read a trainer's YAML config as a validated Recipe (with ``origin`` set)."""
+    path = Path(path).resolve()
+    raw = read_yaml(path)
+    fmt = detect(raw)
+    if fmt is None:
+        raise RecipeError(path, "", "not a TRL, Axolotl or LLaMA-Factory config (none of base_model, "
+                          "model_name_or_path with stage/finetuning_type, or model_name_or_path with SFTConfig keys); "
+                          "pass a recipe.toml or one of those configs")
+    module = IMPORTERS[fmt]
+    builder = Builder(path, raw, fmt, module.TITLE)
+    module.translate(builder)
+    return builder.finish()
+
+
+__all__ = ["Translation", "detect", "load_config"]

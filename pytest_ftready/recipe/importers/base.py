@@ -1,0 +1,262 @@
+"""What every importer shares: the translation record, a builder that fills the TOML-shaped
+tables while remembering which source key became which recipe key, the side ``ftready.toml``
+of overrides, and validation through the recipe schema (so errors read the same as for a
+recipe.toml, plus the source key they came from). Reads files only; imports no trainer."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from ..schema import SCHEMA, TOP_KEYS, Recipe, RecipeError, validate_recipe
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+MISSING = object()
+SIDE_TOML = "ftready.toml"
+
+
+@dataclass(frozen=True)
+class Translation:
+    """How a trainer's config became a recipe; kept on ``Recipe.origin`` and shown to the user."""
+
+    format: str  # "trl" | "axolotl" | "llamafactory"
+    title: str  # "TRL (trl sft --config)"
+    source: str  # the config file
+    mapped: tuple[tuple[str, str], ...]  # (source key, "[table] key")
+    not_checked: tuple[tuple[str, str], ...]  # (source key, why)
+    caveats: tuple[str, ...]  # values that change what the checks mean, each with what is and is not checked
+    overrides: str = ""  # the side TOML applied on top, if any
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": self.format, "title": self.title, "source": self.source, "overrides": self.overrides,
+                "mapped": [list(pair) for pair in self.mapped],
+                "not_checked": [list(pair) for pair in self.not_checked], "caveats": list(self.caveats)}
+
+    def header_lines(self) -> list[str]:
+        """Terminal lines for pytest_report_header: what was translated, what was not."""
+        name = Path(self.source).name
+        side = Path(self.overrides).name if self.overrides else None
+        own = [(src, dst) for src, dst in self.mapped if not (side and src.startswith(side + " "))]
+        lines = [f"ftready: {name} read as {self.title}: " + ", ".join(f"{src} -> {dst}" for src, dst in own)]
+        if side:
+            lines.append(f"ftready: {name} overrides from {side}: "
+                         + ", ".join(dst for src, dst in self.mapped if src.startswith(side + " ")))
+        if self.not_checked:
+            lines.append(f"ftready: {name} not checked ({len(self.not_checked)}): "
+                         + ", ".join(f"{key} ({why})" for key, why in self.not_checked))
+        lines += [f"ftready: {name} note: {text}" for text in self.caveats]
+        return lines
+
+    def suite_properties(self) -> list[tuple[str, str]]:
+        """JUnit suite properties: one per unchecked key and per caveat."""
+        stem = Path(self.source).name
+        side = Path(self.overrides).name + " " if self.overrides else None
+        own = sum(1 for src, _ in self.mapped if not (side and src.startswith(side)))
+        out = [(f"ftready_translated:{stem}", f"{self.title}: {own} keys translated"
+                + (f", overrides from {side.strip()}" if side else ""))]
+        out += [(f"ftready_not_checked:{stem}:{key}", why) for key, why in self.not_checked]
+        out += [(f"ftready_caveat:{stem}:{i}", text) for i, text in enumerate(self.caveats, start=1)]
+        return out
+
+
+class Builder:
+    """Fills recipe tables from one config; every top-level source key ends up mapped,
+    named in a caveat, or listed as not checked: none is dropped silently."""
+
+    def __init__(self, path: Path, raw: dict, fmt: str, title: str) -> None:
+        self.path = path
+        self.folder = path.parent
+        self.raw = raw
+        self.format, self.title = fmt, title
+        self.tables: dict[str, dict[str, Any]] = {}
+        self.mapped: list[tuple[str, str]] = []
+        self.caveats: list[str] = []
+        self.unchecked: dict[str, str] = {}
+        self.seen: set[str] = set()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The source value (``default`` when absent); marks the key as looked at."""
+        self.seen.add(key)
+        value = self.raw.get(key, MISSING)
+        return default if value is MISSING or value is None else value
+
+    def has(self, key: str) -> bool:
+        return self.raw.get(key) is not None
+
+    def put(self, source: str, table: str, key: str, value: Any) -> None:
+        self.seen.add(source.split("[")[0].split(".")[0])
+        self.tables.setdefault(table, {})[key] = value
+        self.mapped.append((source, f"[{table}] {key}"))
+
+    def caveat(self, source: str, text: str) -> None:
+        self.seen.add(source.split("[")[0].split(".")[0])
+        self.caveats.append(f"{source}: {text}")
+
+    def not_checked(self, source: str, why: str) -> None:
+        self.seen.add(source.split("[")[0].split(".")[0])
+        self.unchecked[source] = why
+
+    def fail(self, source: str, message: str) -> RecipeError:
+        return RecipeError(self.path, source, message)
+
+    def local_path(self, raw: str) -> Path:
+        """A path as the trainer would read it when launched from the config's folder."""
+        return (self.folder / Path(raw).expanduser()).resolve()
+
+    def local_files(self, source: str, raw: str) -> list[Path]:
+        """The data files a local path names (a file, or a folder's data files); a hub name is
+        named as not read."""
+        local = self.local_path(raw)
+        if local.is_file():
+            return [local]
+        if local.is_dir():
+            return data_files_in(local)
+        self.caveat(source, f"{raw!r} is not a local file or folder (a hub dataset?): the checks read local "
+                    "files only; set [data] train in ftready.toml to a local copy")
+        return []
+
+    def model(self, source: str, name: Any, revision: Optional[str]) -> None:
+        """A local folder becomes [model] path; anything else a hub id with its revision."""
+        if not isinstance(name, str) or not name:
+            raise self.fail(source, f"expected a model id or folder, got {name!r}")
+        if self.local_path(name).is_dir():
+            self.put(source, "model", "path", name)
+        else:
+            self.put(source, "model", "id", name)
+            if revision:
+                self.tables["model"]["revision"] = revision
+
+    def translation(self, overrides: str) -> Translation:
+        known = sorted(k for k in self.seen if k not in self.raw)  # keys read but absent: a typo's target
+        for key in self.raw:
+            if key not in self.seen:
+                close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
+                self.unchecked[key] = (f"not a key this translator reads; did you mean {close[0]}?" if close
+                                       else "not translated: no check reads it")
+        return Translation(self.format, self.title, str(self.path), tuple(self.mapped),
+                           tuple(sorted(self.unchecked.items())), tuple(self.caveats), overrides)
+
+    def finish(self) -> Recipe:
+        """Apply the side TOML, validate through the recipe schema, attach the translation."""
+        side = side_toml(self.path)
+        if side is not None:
+            for table, values in read_side_toml(side).items():
+                if isinstance(values, dict) and table in SCHEMA:
+                    for key, value in values.items():
+                        self.tables.setdefault(table, {})[key] = value
+                        self.mapped.append((f"{side.name} [{table}] {key}", f"[{table}] {key}"))
+                else:
+                    self.tables[table] = values
+                    self.mapped.append((f"{side.name} {table}", table))
+        self.tables.setdefault("name", _name(self.path.stem))
+        if not self.tables.get("data", {}).get("train"):
+            notes = "; ".join(c for c in self.caveats if "local" in c or "left out" in c)
+            raise RecipeError(self.path, "[data] train", "no local training file in this config"
+                              + (f" ({notes})" if notes else "") + f"; the checks read local rows: write [data] "
+                              f"train = [\"path/to/train.jsonl\"] in {self.path.stem}.{SIDE_TOML} or {SIDE_TOML} "
+                              "beside it")
+        origin = self.translation(str(side) if side else "")
+        try:
+            return validate_recipe(self.tables, self.path, origin=origin)
+        except RecipeError as exc:
+            source = next((src for src, dst in reversed(self.mapped) if exc.where.startswith(dst)), None)
+            if source is None or source == exc.where:
+                raise
+            raise RecipeError(self.path, f"{exc.where} (from {source})", exc.message) from None
+
+
+def _name(stem: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "-" for c in stem).lstrip("._-") or "recipe"
+
+
+def side_toml(path: Path) -> Optional[Path]:
+    """``<config stem>.ftready.toml`` beside the config, else ``ftready.toml`` in its folder."""
+    for candidate in (path.with_name(f"{path.stem}.{SIDE_TOML}"), path.with_name(SIDE_TOML)):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def read_side_toml(side: Path) -> dict:
+    try:
+        raw = tomllib.loads(side.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError(side, "", f"cannot be read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise RecipeError(side, "", f"not valid TOML: {exc}") from None
+    for key in raw:
+        if key not in SCHEMA and key not in TOP_KEYS:
+            from ..schema import _did_you_mean
+
+            raise RecipeError(side, key, "unknown table or key" + _did_you_mean(key, [*SCHEMA, *TOP_KEYS]))
+    return raw
+
+
+def read_yaml(path: Path) -> dict:
+    import yaml
+
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RecipeError(path, "", "file not found; pass --ftready=PATH to an existing config") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError(path, "", f"cannot be read: {exc}") from None
+    except yaml.YAMLError as exc:
+        first = str(exc).strip().splitlines()
+        raise RecipeError(path, "", f"not valid YAML: {' '.join(first[:3])}") from None
+    if not isinstance(raw, dict):
+        raise RecipeError(path, "", f"expected a YAML mapping of keys, got {type(raw).__name__}")
+    return raw
+
+
+DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".csv")
+
+
+def data_files_in(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.suffix.lower() in DATA_SUFFIXES and p.is_file())
+
+
+def first_row(files: list[Path]) -> Optional[dict]:
+    """The first row of the first JSON/JSONL file (to tell messages / prompt-completion / text)."""
+    for file in files:
+        if not file.is_file() or file.suffix.lower() not in (".jsonl", ".ndjson", ".json"):
+            continue
+        try:
+            with file.open(encoding="utf-8") as handle:
+                head = handle.read(1 << 20).lstrip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if head.startswith("["):
+            try:
+                rows = json.loads(file.read_text(encoding="utf-8"))
+                return rows[0] if rows and isinstance(rows[0], dict) else None
+            except (json.JSONDecodeError, OSError):
+                continue
+        for line in head.splitlines():
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    break
+                return row if isinstance(row, dict) else None
+    return None
+
+
+def row_format(row: Optional[dict], text_field: str = "text") -> Optional[str]:
+    if not row:
+        return None
+    if "messages" in row:
+        return "messages"
+    if "prompt" in row and "completion" in row:
+        return "prompt_completion"
+    if text_field in row:
+        return "text"
+    return None

@@ -1,0 +1,36 @@
+"""The three trainer-config examples run through the plugin offline, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from tests.helpers import outcomes
+
+TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
+
+
+def test_the_three_examples_run_offline_through_the_plugin(pytester, tiny_example):
+    for name in ("trl-sft.yaml", "axolotl.yml", "llamafactory.yaml", "ftready.toml"):
+        shutil.copy(TINY / name, tiny_example / name)
+    shutil.copy(TINY / "data" / "dataset_info.json", tiny_example / "data" / "dataset_info.json")
+    args = [f"--ftready={tiny_example / n}" for n in ("trl-sft.yaml", "axolotl.yml", "llamafactory.yaml")]
+    result = pytester.runpytest_subprocess(*args, "-k", "data.format or data.masking or repro.config",
+                                           "--junitxml=out.xml", "-p", "no:cacheprovider")
+    found = outcomes(pytester.path / "out.xml")
+    for recipe in ("trl-sft", "axolotl", "llamafactory"):
+        for check in ("data.format", "data.masking", "repro.config"):
+            assert found[f"{recipe}/{check}"][0] == "passed", (recipe, check, found[f"{recipe}/{check}"])
+    header = result.stdout.str()
+    assert "axolotl.yml read as Axolotl: base_model -> [model] path" in header
+    assert "llamafactory.yaml not checked (3): logging_steps" in header
+    assert "axolotl.yml not checked (2): logging_steps (not translated: no check reads it), val_set_size" in header
+    xml = (pytester.path / "out.xml").read_text()
+    assert 'name="ftready_not_checked:trl-sft.yaml:report_to"' in xml
+    assert 'name="ftready_not_checked:axolotl.yml:val_set_size"' in xml
+    assert 'name="ftready_caveat:llamafactory.yaml:1"' in xml
+    config = json.loads(next((pytester.path / ".ftready").glob("trl-sft/config.json")).read_text())
+    assert config["recipe"]["translation"]["format"] == "trl"
+    quiet = pytester.runpytest(args[1], "-q", "-k", "data.format", "-p", "no:cacheprovider")  # in-process: cheap
+    assert "axolotl.yml not checked (2): logging_steps" in quiet.stdout.str()  # -q hides the header, not this
