@@ -62,6 +62,7 @@ class RecipeState:
     blocked: dict[str, str] = field(default_factory=dict)  # check id -> the failed check that stopped it
     results: dict[str, Any] = field(default_factory=dict)  # what one check hands to later ones
     series: dict[str, dict[str, list]] = field(default_factory=dict)  # check -> name -> values
+    distributed_jobs: Any = None  # checks/distributed.py: this recipe's torchrun jobs, launched once (issue 17)
 
     @property
     def artifacts(self) -> Path:

@@ -1,0 +1,100 @@
+"""The distributed checks on this CPU: two gloo ranks through torchrun, the shipped
+tiny-multi example, a rank killed mid-collective, a rank given too little memory."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pytest_ftready.outcomes import Fail
+from tests.integration.test_data_checks import outcomes
+
+ROOT = Path(__file__).resolve().parents[2]
+MULTI = ROOT / "examples" / "tiny-multi" / "recipe.toml"
+FOUR = ("distributed.launch", "distributed.collectives", "distributed.step", "distributed.resume")
+
+
+@pytest.fixture
+def multi_recipe(tiny_example) -> Path:
+    """examples/tiny-multi/recipe.toml beside a private copy of the tiny model and data."""
+    text = MULTI.read_text().replace('"../tiny/model"', '"model"').replace('"../tiny/data/train.jsonl"',
+                                                                           '"data/train.jsonl"')
+    path = tiny_example / "recipe.toml"
+    path.write_text(text.replace("timeout_s = 60", "timeout_s = 30"))
+    return path
+
+
+@pytest.fixture
+def multi_state(multi_recipe, tmp_path, real_machine):
+    from pytest_ftready.checks.registry import all_checks
+    from pytest_ftready.recipe.schema import load_recipe
+    from pytest_ftready.session.state import RunState
+
+    all_checks()
+    run = RunState(artifacts_root=tmp_path / "arts", machine_factory=lambda: real_machine)
+    return run.recipe_state(load_recipe(multi_recipe))
+
+
+def processes_of(folder: Path) -> list:
+    """Live processes whose command line names ``folder`` (torchrun and its ranks do)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(str(folder) in part for part in (proc.info["cmdline"] or [])):
+            found.append(proc)
+    return found
+
+
+def test_the_four_checks_pass_through_the_plugin(pytester, multi_recipe):
+    result = pytester.runpytest_subprocess(f"--ftready={multi_recipe}", "-k", "distributed.", "--junitxml=out.xml",
+                                           "-p", "no:cacheprovider")
+    cases = outcomes(pytester.path / "out.xml")
+    assert {name: cases[name][0] for name in FOUR} == {name: "passed" for name in FOUR}, result.stdout.str()[-3000:]
+    assert set(cases) == set(FOUR)  # one launch served all four; nothing else selected
+    props = {p.get("name"): p.get("value") for p in ET_properties(pytester.path / "out.xml", "distributed.launch")}
+    command = props["torchrun_command"]
+    assert "-m torch.distributed.run" in command and "--nproc-per-node=2" in command
+    assert "-m pytest_ftready.engine.distributed.rank_worker" in command
+    step = {p.get("name"): p.get("value") for p in ET_properties(pytester.path / "out.xml", "distributed.step")}
+    assert int(step["rank0_peak[bytes]"]) > 0 and int(step["rank1_peak[bytes]"]) > 0
+    assert step["slowest_rank[rank]"] in ("0", "1")
+    resume = {p.get("name"): p.get("value") for p in ET_properties(pytester.path / "out.xml", "distributed.resume")}
+    assert float(resume["resume_max_loss_difference[nats]"]) == 0.0
+
+
+def ET_properties(path: Path, case_name: str):
+    import xml.etree.ElementTree as ET
+
+    for case in ET.parse(path).getroot().iter("testcase"):
+        if case.get("name") == case_name:
+            return case.iter("property")
+    raise KeyError(case_name)
+
+
+def test_a_rank_killed_mid_collective_is_named_and_leaves_no_process(multi_state, run_check, monkeypatch):
+    monkeypatch.setenv("FTREADY_TEST_KILL_RANK", "1:collectives")
+    with pytest.raises(Fail) as launch:
+        run_check(multi_state, "distributed.launch")
+    message = str(launch.value)
+    assert "rank 1 failed in phase 'collectives': killed by signal SIGKILL" in message
+    assert "killed by the test hook in collectives" in message  # rank 1's last line, attributed to it
+    assert "OOM killer" in message  # the likely cause
+    job = multi_state.distributed_jobs.run()
+    assert not job.timed_out  # torchrun noticed the death; the watchdog never had to fire
+    assert processes_of(job.folder) == []
+    with pytest.raises(Fail, match="the collectives did not complete: rank 1 failed"):
+        run_check(multi_state, "distributed.collectives")
+
+
+def test_a_rank_with_too_little_memory_fails_the_step_naming_it(multi_state, run_check, monkeypatch):
+    monkeypatch.setenv("FTREADY_TEST_RANK_CAPACITY", "1=1000000")
+    with pytest.raises(Fail) as step:
+        run_check(multi_state, "distributed.step")
+    message = str(step.value)
+    assert "rank 1 needs" in message and "has 878.91 KiB (976.56 KiB from FTREADY_TEST_RANK_CAPACITY" in message
+    assert "rank 0" not in message.split("Shard")[0]
+    assert "FTREADY_TEST_RANK_CAPACITY" in message and "strategy = \"fsdp\"" in message
+    run_check(multi_state, "distributed.launch")  # the job itself was fine
