@@ -53,9 +53,15 @@ def distributed_jobs(ctx):
     return state.distributed_jobs
 
 
-def _job_failed(job: JobResult, phase: str, what: str) -> None:
+def jobs_backend(job: JobResult) -> str:
+    return next(iter(job.per_rank("join").values()), {}).get("backend", "?")
+
+
+def finished(job: JobResult, phase: str, what: str) -> dict[int, dict]:
+    """Every rank's figures of ``phase``; the job's failure when a rank did not finish it."""
     if job.stopped_in(phase):
         raise Fail(f"{what}: {job.failure.text()}")
+    return job.per_rank(phase)
 
 
 @check("distributed.launch", stage=STAGES["distributed"], applies=applies, accelerator=needs_gpu,
@@ -68,7 +74,7 @@ def launch(ctx) -> None:
     ctx.measure("job_seconds", job.seconds, "s")
     joined = job.per_rank("join")
     if joined:
-        ctx.measure("backend", next(iter(joined.values()))["backend"], "")
+        ctx.measure("backend", jobs_backend(job), "")
         ctx.measure("slowest_join_seconds", max(f["join_seconds"] for f in joined.values()), "s")
     if job.leftovers:
         ctx.measure("processes_left_behind", job.leftovers, "processes")
@@ -85,11 +91,10 @@ def collectives(ctx) -> None:
     from ..machine.links import GpuLinks, slowest_link
 
     job = distributed_jobs(ctx).run()
-    _job_failed(job, "collectives", "the collectives did not complete")
-    per_rank = job.per_rank("collectives")
+    per_rank = finished(job, "collectives", "the collectives did not complete")
     best: dict[str, tuple[int, float]] = {}
     for op in ("all_reduce", "all_gather"):
-        sizes = [row["bytes"] for row in per_rank[0][op]]
+        sizes = [row["bytes"] for row in next(iter(per_rank.values()))[op]]
         # a ring runs at its slowest rank: the lowest bus bandwidth over ranks, per size
         curve = [min(figures[op][i]["bus_bytes_per_s"] for figures in per_rank.values()) for i in range(len(sizes))]
         ctx.series(f"{op}_bus_bytes_per_s", curve)
@@ -98,8 +103,8 @@ def collectives(ctx) -> None:
         best[op] = (sizes[-1], curve[-1])
     links = {r: GpuLinks(**f["links"]) for r, f in job.per_rank("join").items() if f.get("links")}
     if not links:
-        ctx.measure("bandwidth_comparison", f"not compared: {job.per_rank('join')[0]['backend']} on the CPU has no "
-                    "GPU link to compare with; the figures are recorded", "")
+        ctx.measure("bandwidth_comparison", f"not compared: {jobs_backend(job)} on the CPU has no GPU link to "
+                    "compare with (NVML link facts come from GPU ranks); the figures are recorded", "")
         return
     rank, expected = slowest_link(links)
     if expected.bytes_per_s is None:
@@ -123,9 +128,7 @@ def collectives(ctx) -> None:
        requires=("data.masking",))
 def step(ctx) -> None:
     """One DDP/FSDP2 step of the worst-case batch on every rank: per-rank peak fits, ranks agree."""
-    job = distributed_jobs(ctx).run()
-    _job_failed(job, "step", "the distributed step did not complete")
-    per_rank = job.per_rank("step")
+    per_rank = finished(distributed_jobs(ctx).run(), "step", "the distributed step did not complete")
     headroom = ctx.recipe.hardware.memory_headroom
     over = []
     for rank, f in per_rank.items():
@@ -167,16 +170,14 @@ def step(ctx) -> None:
 def resume(ctx) -> None:
     """A sharded checkpoint resumes in a fresh torchrun job with the straight run's losses, and loads with another world size."""
     jobs = distributed_jobs(ctx)
-    run = jobs.run()
-    _job_failed(run, "train", "the straight run with a sharded checkpoint did not complete")
+    straight_runs = finished(jobs.run(), "train", "the straight run with a sharded checkpoint did not complete")
     half = jobs.steps // 2
-    resumed = jobs.resume()
-    _job_failed(resumed, "resume", "the resume in a fresh torchrun job failed")
+    resumed = finished(jobs.resume(), "resume", "the resume in a fresh torchrun job failed")
     exact = jobs.plan.device_kind == "cpu"
     tolerance = 0.0 if exact else 1e-3
     worst = 0.0
-    for rank, figures in resumed.per_rank("resume").items():
-        straight = run.per_rank("train")[rank]["losses"][half:]
+    for rank, figures in resumed.items():
+        straight = straight_runs[rank]["losses"][half:]
         for i, (a, b) in enumerate(zip(straight, figures["losses"])):
             worst = max(worst, abs(a - b))
             if abs(a - b) > tolerance * max(1.0, abs(a)):
@@ -190,7 +191,7 @@ def resume(ctx) -> None:
     if reshard.failure is not None:
         raise Fail(f"the checkpoint written by {jobs.plan.world_size} ranks does not load with {other}: "
                    f"{reshard.failure.text()}")
-    figures = reshard.per_rank("reshard")[0]
+    figures = next(iter(reshard.per_rank("reshard").values()))
     if figures["weights_differ"]:
         raise Fail(f"loaded with {other} rank(s), {len(figures['weights_differ'])} of {figures['weights_compared']} "
                    f"trainable tensors differ from the saved ones, e.g. {figures['weights_differ'][0]}")

@@ -17,25 +17,8 @@ from pytest_ftready.engine.distributed.jobs import plan, visible_gpus
 from pytest_ftready.engine.distributed.launcher import HINTS, RankOutcome, diagnose, job_processes, sweep, _stop
 from pytest_ftready.engine.distributed.rank_worker import message_sizes
 from pytest_ftready.machine.links import GpuLinks, expected_bandwidth, read_links, slowest_link
-from pytest_ftready.recipe.schema import RecipeError, parse_recipe
-
-GOOD = """
-[model]
-path = "model"
-[data]
-train = ["train.jsonl"]
-"""
-
-
-@pytest.fixture
-def folder(tmp_path):
-    (tmp_path / "model").mkdir()
-    (tmp_path / "train.jsonl").write_text('{"messages": []}\n')
-    return tmp_path
-
-
-def parse(folder, text):
-    return parse_recipe(text, folder / "recipe.toml")
+from pytest_ftready.recipe.schema import RecipeError
+from tests.unit.test_recipe import GOOD, folder, parse  # noqa: F401 - folder is a fixture
 
 
 def test_defaults_and_declared_table(folder):

@@ -111,6 +111,6 @@ class DistributedJobs:
 
     def reshard(self) -> JobResult:
         """Another world size loads the run's checkpoint and compares the weights."""
-        saved = self.run().per_rank("train").get(0, {}).get("saved_fingerprints", {})
+        saved = next(iter(self.run().per_rank("train").values()), {}).get("saved_fingerprints", {})
         return self._launch("reshard", self.spec("reshard", world_size=self.plan.reshard_world_size,
                                                  saved_world_size=self.plan.world_size, saved_fingerprints=saved))

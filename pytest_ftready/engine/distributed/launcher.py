@@ -108,8 +108,8 @@ class JobResult:
         return {r: o.figures(phase) for r, o in sorted(self.ranks.items()) if o.figures(phase) is not None}
 
     def stopped_in(self, phase: str) -> bool:
-        """The job failed before every rank finished ``phase``."""
-        return self.failure is not None and len(self.per_rank(phase)) < self.world_size
+        """The job failed before every rank (of this node's view) finished ``phase``."""
+        return self.failure is not None and any(o.figures(phase) is None for o in self.ranks.values())
 
 
 def torchrun_command(spec: JobSpec, folder: Path) -> list[str]:
@@ -134,6 +134,7 @@ def launch(spec: JobSpec, folder: Path, idle_timeout_s: float, env: Optional[dic
                "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     started = time.monotonic()
     timed_out = False
+    leftovers = 0
     with open(folder / TORCHRUN_LOG, "wb") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environ, start_new_session=True)
         try:
@@ -146,14 +147,15 @@ def launch(spec: JobSpec, folder: Path, idle_timeout_s: float, env: Optional[dic
                 elif time.monotonic() - last_progress > idle_timeout_s:
                     timed_out = True
                     break
-        finally:
+        finally:  # also on Ctrl-C or a pytest-timeout: the job never outlives the check
             _stop(proc)
+            leftovers = sweep(token)
     seconds = time.monotonic() - started
-    leftovers = sweep(token)
     world = spec.world_size * spec.nnodes
+    # this node sees its own ranks' files; on one node every rank must have reported
     ranks = {r: RankOutcome(r, _read_report(folder, r), _last_lines(folder, r, spec.world_size)) for r in range(world)
-             if r // spec.world_size == 0 or rank_file(folder, r).exists()}
-    failure = diagnose(ranks, world, proc.returncode, timed_out, idle_timeout_s,
+             if spec.nnodes == 1 or rank_file(folder, r).exists()}
+    failure = diagnose(ranks, len(ranks) if spec.nnodes > 1 else world, proc.returncode, timed_out, idle_timeout_s,
                        (folder / TORCHRUN_LOG).read_text(encoding="utf-8", errors="replace"))
     return JobResult(spec.mode, command, world, proc.returncode, timed_out, seconds, ranks, failure, leftovers, folder)
 
@@ -223,9 +225,9 @@ def _read_report(folder: Path, rank: int) -> dict:
 
 
 def _last_lines(folder: Path, rank: int, per_node: int, count: int = 12) -> list[str]:
-    """The last lines a rank wrote (stderr after stdout) from torchrun's per-rank log files.
-    Only this node's ranks have files here: local rank = rank % per_node on node 0."""
-    local = rank % per_node
+    """The last lines a rank wrote (stdout, then stderr) from torchrun's per-rank log files
+    (kept per local rank: the rank file says which local rank a rank had)."""
+    local = _read_report(folder, rank).get("local_rank", rank % per_node)
     lines: list[str] = []
     for name in ("stdout.log", "stderr.log"):
         for path in sorted((folder / LOG_DIR).rglob(f"attempt_*/{local}/{name}")):

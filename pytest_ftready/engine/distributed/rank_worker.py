@@ -210,10 +210,14 @@ def differs_from_rank0(mine: dict, rank: Rank, tolerance: float) -> list[str]:
 
     everyone: list = [None] * rank.world
     dist.all_gather_object(everyone, mine)
-    reference = everyone[0]
-    return sorted(name for name, (s, q) in mine.items()
-                  if name not in reference or any(abs(a - b) > tolerance * max(1.0, abs(b))
-                                                  for a, b in zip((s, q), reference[name])))
+    return differing(mine, everyone[0], tolerance)
+
+
+def differing(mine: dict, reference: dict, tolerance: float, both_ways: bool = False) -> list[str]:
+    """Names whose fingerprints differ beyond ``tolerance`` (relative), or that one side lacks."""
+    names = set(mine) | (set(reference) if both_ways else set())
+    return sorted(name for name in names if name not in reference or name not in mine
+                  or any(abs(a - b) > tolerance * max(1.0, abs(b)) for a, b in zip(mine[name], reference[name])))
 
 
 def rank_batches(order, examples, rank: Rank, recipe) -> list[dict]:
@@ -335,77 +339,87 @@ def trainable_fingerprints(model) -> dict:
                         full_tensor)
 
 
+class Training:
+    """A fresh trainable model with its optimizer, schedule and data order, as a run starts:
+    the scheduler exists before any optimizer state is loaded (or the LR is wrong)."""
+
+    def __init__(self, rank: Rank, recipe) -> None:
+        from ..training import DataOrder, load_examples, make_optimizer, make_scheduler
+
+        t = recipe.training
+        self.rank, self.recipe = rank, recipe
+        self.examples = load_examples(rank.data / TRAIN_DIR)
+        self.model = fresh_model(rank, recipe)
+        self.optimizer = make_optimizer(self.model, recipe)
+        self.scheduler = make_scheduler(self.optimizer, recipe, rank.spec.steps)
+        self.order = DataOrder(len(self.examples), t.micro_batch_size * rank.world, t.seed)
+        self.checkpoint = rank.data / CHECKPOINT_DIR
+
+    def step(self) -> float:
+        from ..training import train_step
+
+        batches = rank_batches(self.order, self.examples, self.rank, self.recipe)
+        return train_step(self.model, self.optimizer, self.scheduler, batches, self.rank.device)
+
+    def extra(self, step: int) -> dict:
+        """The replicated plain state saved beside the shards."""
+        return {"step": step, "scheduler": self.scheduler.state_dict(), "data_order": self.order.state_dict()}
+
+    def save(self, step: int) -> None:
+        import torch
+        import torch.distributed.checkpoint as dcp
+
+        from ..training import rng_state
+
+        state, _ = state_dicts(self.model, self.optimizer, self.recipe)
+        state["extra"] = self.extra(step)
+        dcp.save(state, checkpoint_id=str(self.checkpoint))
+        torch.save(rng_state(), self.checkpoint / f"rng-rank{self.rank.rank}.pt")
+
+    def load(self) -> int:
+        """Model and optimizer shards, schedule and data order; returns the saved step."""
+        extra = self.extra(0)
+        load_sharded(self.model, self.optimizer, self.recipe, self.checkpoint, extra)
+        self.scheduler.load_state_dict(extra["scheduler"])
+        self.order.load_state_dict(extra["data_order"])
+        return int(extra["step"])
+
+
 def straight_run(rank: Rank, recipe) -> dict:
     """K steps from a fresh model; after K/2 a sharded checkpoint (model, optimizer; the
     schedule and data order replicated; every rank's RNG in its own file)."""
-    import torch
-    import torch.distributed.checkpoint as dcp
-
-    from ..training import DataOrder, load_examples, make_optimizer, make_scheduler, rng_state, train_step
-
-    spec, t = rank.spec, recipe.training
-    examples = load_examples(rank.data / TRAIN_DIR)
-    model = fresh_model(rank, recipe)
-    optimizer = make_optimizer(model, recipe)
-    scheduler = make_scheduler(optimizer, recipe, spec.steps)
-    order = DataOrder(len(examples), t.micro_batch_size * rank.world, t.seed)
+    run = Training(rank, recipe)
     losses, saved = [], {}
-    checkpoint = rank.data / CHECKPOINT_DIR
-    for number in range(1, spec.steps + 1):
-        losses.append(train_step(model, optimizer, scheduler, rank_batches(order, examples, rank, recipe), rank.device))
-        if number == spec.steps // 2:
-            state, _ = state_dicts(model, optimizer, recipe)
-            state["extra"] = {"step": number, "scheduler": scheduler.state_dict(), "data_order": order.state_dict()}
-            dcp.save(state, checkpoint_id=str(checkpoint))
-            torch.save(rng_state(), checkpoint / f"rng-rank{rank.rank}.pt")
-            saved = trainable_fingerprints(model)
-    return {"losses": losses, "saved_fingerprints": saved, "checkpoint": str(checkpoint)}
+    for number in range(1, rank.spec.steps + 1):
+        losses.append(run.step())
+        if number == rank.spec.steps // 2:
+            run.save(number)
+            saved = trainable_fingerprints(run.model)
+    return {"losses": losses, "saved_fingerprints": saved, "checkpoint": str(run.checkpoint)}
 
 
 def resume(rank: Rank, recipe) -> dict:
     """A fresh job continues the checkpoint K/2 steps; the losses should be the straight run's."""
     import torch
 
-    from ..training import DataOrder, load_examples, make_optimizer, make_scheduler, set_rng_state, train_step
+    from ..training import set_rng_state
 
-    spec, t = rank.spec, recipe.training
-    examples = load_examples(rank.data / TRAIN_DIR)
-    model = fresh_model(rank, recipe)
-    optimizer = make_optimizer(model, recipe)
-    scheduler = make_scheduler(optimizer, recipe, spec.steps)  # before the optimizer state is loaded
-    order = DataOrder(len(examples), t.micro_batch_size * rank.world, t.seed)
-    extra = {"step": 0, "scheduler": scheduler.state_dict(), "data_order": order.state_dict()}
-    checkpoint = rank.data / CHECKPOINT_DIR
-    load_sharded(model, optimizer, recipe, checkpoint, extra)
-    scheduler.load_state_dict(extra["scheduler"])
-    order.load_state_dict(extra["data_order"])
-    set_rng_state(torch.load(checkpoint / f"rng-rank{rank.rank}.pt", weights_only=True))
-    losses = [train_step(model, optimizer, scheduler, rank_batches(order, examples, rank, recipe), rank.device)
-              for _ in range(spec.steps - int(extra["step"]))]
-    return {"losses": losses, "resumed_at": int(extra["step"])}
+    run = Training(rank, recipe)
+    at = run.load()
+    set_rng_state(torch.load(run.checkpoint / f"rng-rank{rank.rank}.pt", weights_only=True))
+    return {"losses": [run.step() for _ in range(rank.spec.steps - at)], "resumed_at": at}
 
 
 def reshard(rank: Rank, recipe) -> dict:
     """Another world size loads the checkpoint: the weights must be the saved ones, and train."""
     import math
 
-    from ..training import DataOrder, load_examples, make_optimizer, make_scheduler, train_step
-
-    spec, t = rank.spec, recipe.training
-    examples = load_examples(rank.data / TRAIN_DIR)
-    model = fresh_model(rank, recipe)
-    optimizer = make_optimizer(model, recipe)
-    scheduler = make_scheduler(optimizer, recipe, spec.steps)
-    order = DataOrder(len(examples), t.micro_batch_size * rank.world, t.seed)
-    extra = {"step": 0, "scheduler": scheduler.state_dict(), "data_order": order.state_dict()}
-    load_sharded(model, optimizer, recipe, rank.data / CHECKPOINT_DIR, extra)
-    loaded = trainable_fingerprints(model)
-    tolerance = 1e-5
-    differ = sorted(n for n, (s, q) in spec.saved_fingerprints.items()
-                    if n not in loaded or any(abs(a - b) > tolerance * max(1.0, abs(b)) for a, b in zip(loaded[n], (s, q))))
-    loss = train_step(model, optimizer, scheduler, rank_batches(order, examples, rank, recipe), rank.device)
-    return {"weights_differ": differ, "weights_compared": len(spec.saved_fingerprints), "loss": loss,
-            "loss_finite": math.isfinite(loss), "saved_world_size": spec.saved_world_size}
+    run = Training(rank, recipe)
+    run.load()
+    differ = differing(trainable_fingerprints(run.model), rank.spec.saved_fingerprints, 1e-5, both_ways=True)
+    loss = run.step()
+    return {"weights_differ": differ, "weights_compared": len(rank.spec.saved_fingerprints), "loss": loss,
+            "loss_finite": math.isfinite(loss), "saved_world_size": rank.spec.saved_world_size}
 
 
 # ---- entry point ------------------------------------------------------------------------------
