@@ -164,6 +164,9 @@ def test_a_hang_names_the_rank_behind_and_socket_hints():
     failure = diagnose(ranks, 2, None, True, 30, "")
     assert failure.rank == 1 and "no rank made progress for 30 s" in failure.cause
     assert any("GLOO_SOCKET_IFNAME" in h for h in failure.hints)
+    assert not any(h.startswith("NCCL") for h in failure.hints)
+    nccl = diagnose(ranks, 2, None, True, 30, "", backend="nccl")
+    assert any("NCCL_SOCKET_IFNAME" in h for h in nccl.hints) and not any(h.startswith("gloo") for h in nccl.hints)
 
 
 def test_every_hint_names_what_to_try():
@@ -189,3 +192,21 @@ def test_stop_and_sweep_leave_no_process_of_the_job(monkeypatch):
     assert proc.returncode is not None
     assert sweep(token) == 1  # the grandchild in its own session survived the group kill
     assert job_processes(token) == []
+
+
+def test_a_silent_job_is_killed_by_the_watchdog_and_swept(tmp_path, monkeypatch):
+    """A stand-in for torchrun that starts a 'rank' in a session of its own and then hangs."""
+    from pytest_ftready.engine.distributed import launcher
+    from pytest_ftready.engine.distributed.job import JobSpec
+
+    hang = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+            "start_new_session=True); time.sleep(60)")
+    monkeypatch.setattr(launcher, "torchrun_command", lambda spec, folder: [sys.executable, "-c", hang])
+    spec = JobSpec(recipe="r.toml", mode="run", world_size=2, nnodes=1, backend="gloo", strategy="ddp",
+                   device_kind="cpu", timeout_s=1.0, pad_id=0, steps=2, threads=1, collective_max_bytes=1 << 20)
+    job = launcher.launch(spec, tmp_path / "job", idle_timeout_s=1.0)
+    assert job.timed_out and not job.ok
+    assert job.leftovers == 1  # the 'rank' in its own session, found by the job token
+    assert "no rank made progress for 1 s (timeout_s): a hang; ranks 0 in 'before start', 1 in 'before start'" \
+        in job.failure.cause
+    assert any("GLOO_SOCKET_IFNAME" in hint for hint in job.failure.hints)

@@ -156,7 +156,7 @@ def launch(spec: JobSpec, folder: Path, idle_timeout_s: float, env: Optional[dic
     ranks = {r: RankOutcome(r, _read_report(folder, r), _last_lines(folder, r, spec.world_size)) for r in range(world)
              if spec.nnodes == 1 or rank_file(folder, r).exists()}
     failure = diagnose(ranks, len(ranks) if spec.nnodes > 1 else world, proc.returncode, timed_out, idle_timeout_s,
-                       (folder / TORCHRUN_LOG).read_text(encoding="utf-8", errors="replace"))
+                       (folder / TORCHRUN_LOG).read_text(encoding="utf-8", errors="replace"), spec.backend)
     return JobResult(spec.mode, command, world, proc.returncode, timed_out, seconds, ranks, failure, leftovers, folder)
 
 
@@ -240,7 +240,7 @@ ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)
 
 
 def diagnose(ranks: dict[int, RankOutcome], world: int, exit_code: Optional[int], timed_out: bool,
-             idle_timeout_s: float, torchrun_text: str) -> Optional[Failure]:
+             idle_timeout_s: float, torchrun_text: str, backend: str = "gloo") -> Optional[Failure]:
     """None when every rank finished; else the rank that stopped the job and why."""
     if not timed_out and exit_code == 0 and len(ranks) == world and all(o.finished for o in ranks.values()):
         return None
@@ -273,6 +273,7 @@ def diagnose(ranks: dict[int, RankOutcome], world: int, exit_code: Optional[int]
     phase = outcome.phase if outcome else "launch"
     haystack = "\n".join([cause, *last, *(torchrun_text.splitlines()[-40:])])
     hints = [hint for pattern, hint in HINTS if re.search(pattern, haystack)]
-    if timed_out or phase == "join":
-        hints += [hint for pattern, hint in HINTS[-3:] if hint not in hints]
+    if timed_out or phase == "join":  # the ranks may not reach each other: the backend's socket hints
+        network = [hint for _, hint in HINTS[-3:] if hint.startswith(("NCCL" if backend == "nccl" else "gloo", "the ranks"))]
+        hints += [hint for hint in network if hint not in hints]
     return Failure(rank, phase, cause, last, hints[:3])
