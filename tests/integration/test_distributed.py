@@ -98,3 +98,24 @@ def test_a_rank_with_too_little_memory_fails_the_step_naming_it(multi_state, run
     assert "rank 0" not in message.split("Shard")[0]
     assert "FTREADY_TEST_RANK_CAPACITY" in message and "strategy = \"fsdp\"" in message
     run_check(multi_state, "distributed.launch")  # the job itself was fine
+
+
+def test_a_node_that_never_joins_fails_the_rendezvous_within_the_timeout(tmp_path):
+    """nnodes = 2 but only this node starts: torchrun's rendezvous gives up after timeout_s."""
+    import socket
+
+    from pytest_ftready.engine.distributed.job import JobSpec
+    from pytest_ftready.engine.distributed.launcher import launch
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    spec = JobSpec(recipe=str(MULTI), mode="run", world_size=1, nnodes=2, backend="gloo", strategy="ddp",
+                   device_kind="cpu", timeout_s=3, pad_id=0, steps=2, threads=1, collective_max_bytes=1 << 20,
+                   rdzv_endpoint=f"127.0.0.1:{port}")
+    job = launch(spec, tmp_path / "job", idle_timeout_s=60)
+    assert not job.timed_out and job.exit_code != 0
+    assert "the rendezvous timed out: not every node joined within timeout_s" in job.failure.cause
+    assert "RendezvousTimeoutError" in "\n".join(job.failure.last_lines)
+    assert any("rdzv_endpoint" in hint for hint in job.failure.hints)
+    assert processes_of(job.folder) == []

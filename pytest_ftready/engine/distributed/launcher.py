@@ -80,7 +80,8 @@ class Failure:
         who = f"rank {self.rank}" if self.rank is not None else "the job"
         lines = "\n".join(f"    {line}" for line in self.last_lines[-8:]) or "    (no output)"
         hints = "".join(f"\n  hint: {h}" for h in self.hints)
-        return f"{who} failed in phase '{self.phase}': {self.cause}\n  last lines of rank {self.rank}:\n{lines}{hints}"
+        source = f"rank {self.rank}" if self.rank is not None else "torchrun"
+        return f"{who} failed in phase '{self.phase}': {self.cause}\n  last lines of {source}:\n{lines}{hints}"
 
 
 @dataclass
@@ -115,7 +116,8 @@ class JobResult:
 def torchrun_command(spec: JobSpec, folder: Path) -> list[str]:
     """The torchrun command line of a job (also what the README tells teams to launch with)."""
     rendezvous = (["--standalone"] if spec.nnodes == 1 else
-                  ["--rdzv-backend=c10d", f"--rdzv-endpoint={spec.rdzv_endpoint}", f"--rdzv-id=ftready-{spec.mode}"])
+                  ["--rdzv-backend=c10d", f"--rdzv-endpoint={spec.rdzv_endpoint}", f"--rdzv-id=ftready-{spec.mode}",
+                   f"--rdzv-conf=join_timeout={max(1, int(spec.timeout_s))}"])  # a missing node fails, not waits 900 s
     return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={spec.nnodes}",
             f"--nproc-per-node={spec.world_size}", *rendezvous, "--max-restarts=0", "--monitor-interval=0.5",
             f"--log-dir={folder / LOG_DIR}", "--redirects=3", "-m", WORKER, spec.recipe, spec.mode, str(folder)]
@@ -268,8 +270,11 @@ def diagnose(ranks: dict[int, RankOutcome], world: int, exit_code: Optional[int]
         outcome = next((o for o in ranks.values() if not o.finished), None)
         rank = missing[0] if missing else (outcome.rank if outcome else None)
         cause = (f"torchrun exited with code {exit_code}" +
-                 (f"; rank(s) {missing} never started" if missing else ""))
-    last = outcome.last_lines if outcome else []
+                 (f"; rank(s) {missing} never started" if missing else "") +
+                 ("; the rendezvous timed out: not every node joined within timeout_s"
+                  if "RendezvousTimeoutError" in torchrun_text else ""))
+    # no rank to quote (none started, e.g. the rendezvous failed): quote torchrun itself
+    last = outcome.last_lines if outcome else [line for line in torchrun_text.splitlines() if line.strip()][-8:]
     phase = outcome.phase if outcome else "launch"
     haystack = "\n".join([cause, *last, *(torchrun_text.splitlines()[-40:])])
     hints = [hint for pattern, hint in HINTS if re.search(pattern, haystack)]

@@ -122,7 +122,11 @@ def collectives(rank: Rank) -> dict:
     cap = rank.spec.collective_max_bytes
     if device != "cpu":
         free, _ = torch.cuda.mem_get_info()
-        cap = min(cap, free // 4)  # all_gather holds the input and the output of one size
+        # all_gather holds the input and the output of one size; every rank must run the same
+        # sizes (or the collectives would not match), so the smallest cap wins
+        agreed = torch.tensor([min(cap, free // 4)], dtype=torch.int64, device=device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+        cap = int(agreed.item())
     results: dict[str, list] = {"all_reduce": [], "all_gather": []}
     iterations = 5 if device != "cpu" else 2
     for index, size in enumerate(message_sizes(cap)):
