@@ -48,8 +48,11 @@ def distributed_jobs(ctx):
         examples = state.trainable_examples
         if not examples:
             raise Fail("no trainable example (see data.masking)")
-        state.distributed_jobs = DistributedJobs(ctx.recipe, resolved, state.artifacts / "distributed", examples,
-                                                 state.tokenizer.pad_token_id, ctx.recipe.checks.resume_steps)
+        report = state.run.progress
+        state.distributed_jobs = DistributedJobs(
+            ctx.recipe, resolved, state.artifacts / "distributed", examples, state.tokenizer.pad_token_id,
+            ctx.recipe.checks.resume_steps, progress=(lambda line: report(f"ftready {ctx.recipe.name}: {line}"))
+            if report else None)
     return state.distributed_jobs
 
 

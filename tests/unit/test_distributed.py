@@ -204,8 +204,11 @@ def test_a_silent_job_is_killed_by_the_watchdog_and_swept(tmp_path, monkeypatch)
     monkeypatch.setattr(launcher, "torchrun_command", lambda spec, folder: [sys.executable, "-c", hang])
     spec = JobSpec(recipe="r.toml", mode="run", world_size=2, nnodes=1, backend="gloo", strategy="ddp",
                    device_kind="cpu", timeout_s=1.0, pad_id=0, steps=2, threads=1, collective_max_bytes=1 << 20)
-    job = launcher.launch(spec, tmp_path / "job", idle_timeout_s=1.0)
+    monkeypatch.setattr(launcher, "PROGRESS_EVERY_S", 0.3)
+    lines: list[str] = []
+    job = launcher.launch(spec, tmp_path / "job", idle_timeout_s=1.0, progress=lines.append)
     assert job.timed_out and not job.ok
+    assert lines and "torchrun run job" in lines[0] and "rank 0 starting, rank 1 starting" in lines[0]
     assert job.leftovers == 1  # the 'rank' in its own session, found by the job token
     assert "no rank made progress for 1 s (timeout_s): a hang; ranks 0 in 'before start', 1 in 'before start'" \
         in job.failure.cause

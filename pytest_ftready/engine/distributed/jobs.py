@@ -8,7 +8,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from .job import CHECKPOINT_DIR, TRAIN_DIR, WORST_DIR, JobSpec, save_examples
 from .launcher import JobResult, launch
@@ -69,8 +69,10 @@ def plan(recipe, device_kind: str, gpus: int) -> Plan:
 class DistributedJobs:
     """Launches each job once and remembers its result (a failure included)."""
 
-    def __init__(self, recipe, plan: Plan, folder: Path, examples: Sequence, pad_id: int, resume_steps: int) -> None:
+    def __init__(self, recipe, plan: Plan, folder: Path, examples: Sequence, pad_id: int, resume_steps: int,
+                 progress: Optional[Callable[[str], None]] = None) -> None:
         self.recipe = recipe
+        self.progress = progress
         self.plan = plan
         self.folder = Path(folder)
         self.examples = list(examples)
@@ -90,7 +92,8 @@ class DistributedJobs:
 
     def _launch(self, mode: str, spec: JobSpec) -> JobResult:
         if mode not in self._results:
-            self._results[mode] = launch(spec, self.folder / mode, self.plan.timeout_s + IDLE_GRACE_S)
+            self._results[mode] = launch(spec, self.folder / mode, self.plan.timeout_s + IDLE_GRACE_S,
+                                         progress=self.progress)
         return self._results[mode]
 
     def run(self) -> JobResult:

@@ -19,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from ...files import ensure_private_dir
 from .job import JOB_TOKEN_ENV, LOG_DIR, TORCHRUN_LOG, JobSpec, rank_file
@@ -123,8 +123,13 @@ def torchrun_command(spec: JobSpec, folder: Path) -> list[str]:
             f"--log-dir={folder / LOG_DIR}", "--redirects=3", "-m", WORKER, spec.recipe, spec.mode, str(folder)]
 
 
-def launch(spec: JobSpec, folder: Path, idle_timeout_s: float, env: Optional[dict] = None) -> JobResult:
-    """Run the job; kill it when no rank progressed for ``idle_timeout_s``; never leave a process."""
+PROGRESS_EVERY_S = 10.0
+
+
+def launch(spec: JobSpec, folder: Path, idle_timeout_s: float, env: Optional[dict] = None,
+           progress: Optional[Callable[[str], None]] = None) -> JobResult:
+    """Run the job; kill it when no rank progressed for ``idle_timeout_s``; never leave a process.
+    ``progress`` gets a line every few seconds saying where each rank is."""
     folder = ensure_private_dir(Path(folder))
     for old in folder.glob("rank-*.json"):
         old.unlink()
@@ -140,9 +145,14 @@ def launch(spec: JobSpec, folder: Path, idle_timeout_s: float, env: Optional[dic
     with open(folder / TORCHRUN_LOG, "wb") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environ, start_new_session=True)
         try:
-            last_progress, seen = time.monotonic(), 0.0
+            last_progress, seen, reported = time.monotonic(), 0.0, time.monotonic()
             while proc.poll() is None:
                 time.sleep(POLL_S)
+                if progress is not None and time.monotonic() - reported > PROGRESS_EVERY_S:
+                    reported = time.monotonic()
+                    where = ", ".join(f"rank {r} {_read_report(folder, r).get('phase', 'starting')}"
+                                      for r in range(spec.world_size))
+                    progress(f"torchrun {spec.mode} job, {reported - started:.0f} s: {where}")
                 newest = _newest_mtime(folder)
                 if newest > seen:
                     seen, last_progress = newest, time.monotonic()
