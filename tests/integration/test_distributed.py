@@ -79,7 +79,9 @@ def test_a_rank_killed_mid_collective_is_named_and_leaves_no_process(multi_state
     with pytest.raises(Fail) as launch:
         run_check(multi_state, "distributed.launch")
     message = str(launch.value)
-    assert "rank 1 failed in phase 'collectives': killed by signal SIGKILL" in message
+    # torchrun lists rank 1's SIGKILL, or only rank 0's lost connection (whichever it saw first)
+    assert ("rank 1 failed in phase 'collectives': killed by signal SIGKILL" in message
+            or "rank 1 failed in phase 'collectives': died without an error of its own" in message), message
     assert "killed by the test hook in collectives" in message  # rank 1's last line, attributed to it
     assert "OOM killer" in message  # the likely cause
     job = multi_state.distributed_jobs.run()

@@ -151,6 +151,19 @@ def test_the_killed_rank_is_the_root_cause_with_hints():
     assert "rank 1 failed in phase 'collectives'" in failure.text()
 
 
+def test_a_rank_that_vanished_is_blamed_not_the_peer_that_lost_it():
+    """torchrun may observe the survivor's error first and call it the root cause."""
+    lost = {"phase": "collectives", "type": "RuntimeError", "message": "[pair.cc:537] Read error: Connection reset by peer"}
+    text = "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: 1)\n"
+    ranks = {0: outcome(0, "collectives", ["join"], error=lost), 1: outcome(1, "collectives", ["join"], lines=["bye"])}
+    failure = diagnose(ranks, 2, 1, False, 10, text)
+    assert failure.rank == 1 and failure.phase == "collectives"
+    assert "died without an error of its own" in failure.cause and "rank 0 lost its connection" in failure.cause
+    assert "OOM killer" in failure.hints[0]
+    terminated = text + "[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -15 (pid: 2)\n"
+    assert diagnose(ranks, 2, 1, False, 10, terminated).rank == 1  # SIGTERM is torchrun's own doing
+
+
 def test_a_rank_error_names_the_rank_and_an_nccl_hint():
     error = {"phase": "join", "type": "DistNetworkError", "message": "NCCL error: unhandled system error (P2P)"}
     ranks = {0: outcome(0, "join", error=error), 1: outcome(1, "finished", ["join", "step"])}

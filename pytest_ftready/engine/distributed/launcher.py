@@ -249,32 +249,55 @@ def _last_lines(folder: Path, rank: int, per_node: int, count: int = 12) -> list
 
 
 ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+EXIT = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)")
+# errors a rank gets because a PEER died: never the root cause while a rank died silently
+PEER_LOST = re.compile(r"[Cc]onnection (reset|closed) by peer|Broken pipe|[Rr]ead error|recvBytes|"
+                       r"communicator was aborted|[Ss]ocket [Tt]imeout|remote worker", re.S)
+
+
+def _signal_name(code: int) -> str:
+    return signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+
+
+def _culprit(ranks: dict[int, RankOutcome], torchrun_text: str) -> Optional[tuple[Optional[RankOutcome], int, str]]:
+    """(outcome, rank, cause) of the rank that stopped a job which ended on its own."""
+    codes = {int(r): int(c) for r, c in EXIT.findall(torchrun_text)}
+    # a rank killed by a signal torchrun did not send (SIGTERM is torchrun stopping the others)
+    killed = sorted(r for r, c in codes.items() if c < 0 and -c != signal.SIGTERM)
+    if killed:
+        return ranks.get(killed[0]), killed[0], f"killed by signal {_signal_name(codes[killed[0]])}"
+    errored = sorted((o for o in ranks.values() if o.report.get("error")), key=lambda o: len(o.report.get("done", [])))
+    own = [o for o in errored if not PEER_LOST.search(o.report["error"]["message"])]
+    silent = [o for o in ranks.values() if o.report and not o.finished and not o.report.get("error")]
+    if errored and not own and silent:  # the others lost their connection to a rank that vanished
+        o = silent[0]
+        return o, o.rank, (f"died without an error of its own in '{o.phase}' (killed by a signal such as SIGKILL?) "
+                           f"while rank {errored[0].rank} lost its connection to it")
+    if own or errored:
+        o = (own or errored)[0]
+        return o, o.rank, f"{o.report['error']['type']}: {o.report['error']['message']}"
+    root = ROOT_CAUSE.search(torchrun_text)
+    if root:
+        rank, code = int(root.group(1)), int(root.group(2))
+        return ranks.get(rank), rank, f"exited with code {code}" if code >= 0 else f"killed by signal {_signal_name(code)}"
+    return None
 
 
 def diagnose(ranks: dict[int, RankOutcome], world: int, exit_code: Optional[int], timed_out: bool,
              idle_timeout_s: float, torchrun_text: str, backend: str = "gloo") -> Optional[Failure]:
-    """None when every rank finished; else the rank that stopped the job and why."""
+    """None when every rank finished; else the rank that stopped the job and why: a rank killed
+    by a signal before the ranks that then lost it, a rank's own error before errors it caused."""
     if not timed_out and exit_code == 0 and len(ranks) == world and all(o.finished for o in ranks.values()):
         return None
-    errored = [o for o in ranks.values() if o.report.get("error")]
-    root = ROOT_CAUSE.search(torchrun_text)
+    culprit = None if timed_out else _culprit(ranks, torchrun_text)
     if timed_out:
         stuck = [o for o in ranks.values() if not o.finished]
-        behind = min(stuck, key=lambda o: len(o.report.get("done", [])), default=None)
-        rank = behind.rank if behind else None
+        outcome = min(stuck, key=lambda o: len(o.report.get("done", [])), default=None)
+        rank = outcome.rank if outcome else None
         cause = (f"no rank made progress for {idle_timeout_s:.0f} s (timeout_s): a hang; ranks "
                  + ", ".join(f"{o.rank} in '{o.phase}'" for o in stuck) + "; the job was killed")
-        outcome = behind
-    elif root:  # torchrun's first observed failure: a killed rank, before the errors it caused in others
-        rank, code = int(root.group(1)), int(root.group(2))
-        outcome = ranks.get(rank)
-        error = outcome.report.get("error") if outcome else None
-        cause = (f"{error['type']}: {error['message']}" if error else f"exited with code {code}" if code >= 0 else
-                 f"killed by signal {signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else -code}")
-    elif errored:
-        outcome = min(errored, key=lambda o: len(o.report.get("done", [])))
-        error = outcome.report["error"]
-        rank, cause = outcome.rank, f"{error['type']}: {error['message']}"
+    elif culprit is not None:
+        outcome, rank, cause = culprit
     else:
         missing = [r for r in range(world) if r not in ranks or not ranks[r].report]
         outcome = next((o for o in ranks.values() if not o.finished), None)
