@@ -3,7 +3,6 @@ tiny-multi example, a rank killed mid-collective, a rank given too little memory
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -27,14 +26,20 @@ def multi_recipe(tiny_example) -> Path:
 
 
 @pytest.fixture
-def multi_state(multi_recipe, tmp_path, real_machine):
+def make_multi_state(multi_recipe, tmp_path, real_machine, edit_recipe):
+    """``make_multi_state(**recipe_edits)``: the tiny-multi recipe's RecipeState, in-process."""
     from pytest_ftready.checks.registry import all_checks
     from pytest_ftready.recipe.schema import load_recipe
     from pytest_ftready.session.state import RunState
 
     all_checks()
-    run = RunState(artifacts_root=tmp_path / "arts", machine_factory=lambda: real_machine)
-    return run.recipe_state(load_recipe(multi_recipe))
+
+    def make(**edits):
+        if edits:
+            edit_recipe(multi_recipe, **edits)
+        run = RunState(artifacts_root=tmp_path / "arts", machine_factory=lambda: real_machine)
+        return run.recipe_state(load_recipe(multi_recipe))
+    return make
 
 
 def processes_of(folder: Path) -> list:
@@ -54,18 +59,19 @@ def test_the_four_checks_pass_through_the_plugin(pytester, multi_recipe):
     cases = outcomes(pytester.path / "out.xml")
     assert {name: cases[name][0] for name in FOUR} == {name: "passed" for name in FOUR}, result.stdout.str()[-3000:]
     assert set(cases) == set(FOUR)  # one launch served all four; nothing else selected
-    props = {p.get("name"): p.get("value") for p in ET_properties(pytester.path / "out.xml", "distributed.launch")}
+    props = {p.get("name"): p.get("value") for p in case_properties(pytester.path / "out.xml", "distributed.launch")}
     command = props["torchrun_command"]
     assert "-m torch.distributed.run" in command and "--nproc-per-node=2" in command
     assert "-m pytest_ftready.engine.distributed.rank_worker" in command
-    step = {p.get("name"): p.get("value") for p in ET_properties(pytester.path / "out.xml", "distributed.step")}
+    step = {p.get("name"): p.get("value") for p in case_properties(pytester.path / "out.xml", "distributed.step")}
     assert int(step["rank0_peak[bytes]"]) > 0 and int(step["rank1_peak[bytes]"]) > 0
     assert step["slowest_rank[rank]"] in ("0", "1")
-    resume = {p.get("name"): p.get("value") for p in ET_properties(pytester.path / "out.xml", "distributed.resume")}
+    resume = {p.get("name"): p.get("value") for p in case_properties(pytester.path / "out.xml", "distributed.resume")}
     assert float(resume["resume_max_loss_difference[nats]"]) == 0.0
 
 
-def ET_properties(path: Path, case_name: str):
+def case_properties(path: Path, case_name: str):
+    """The <property> elements of one JUnit test case."""
     import xml.etree.ElementTree as ET
 
     for case in ET.parse(path).getroot().iter("testcase"):
@@ -74,32 +80,39 @@ def ET_properties(path: Path, case_name: str):
     raise KeyError(case_name)
 
 
-def test_a_rank_killed_mid_collective_is_named_and_leaves_no_process(multi_state, run_check, monkeypatch):
+def test_a_rank_killed_mid_collective_is_named_and_leaves_no_process(make_multi_state, run_check, monkeypatch):
+    state = make_multi_state()
     monkeypatch.setenv("FTREADY_TEST_KILL_RANK", "1:collectives")
     with pytest.raises(Fail) as launch:
-        run_check(multi_state, "distributed.launch")
+        run_check(state, "distributed.launch")
     message = str(launch.value)
     # torchrun lists rank 1's SIGKILL, or only rank 0's lost connection (whichever it saw first)
     assert ("rank 1 failed in phase 'collectives': killed by signal SIGKILL" in message
             or "rank 1 failed in phase 'collectives': died without an error of its own" in message), message
     assert "killed by the test hook in collectives" in message  # rank 1's last line, attributed to it
     assert "OOM killer" in message  # the likely cause
-    job = multi_state.distributed_jobs.run()
+    job = state.distributed_jobs.run()
     assert not job.timed_out  # torchrun noticed the death; the watchdog never had to fire
     assert processes_of(job.folder) == []
     with pytest.raises(Fail, match="the collectives did not complete: rank 1 failed"):
-        run_check(multi_state, "distributed.collectives")
+        run_check(state, "distributed.collectives")
 
 
-def test_a_rank_with_too_little_memory_fails_the_step_naming_it(multi_state, run_check, monkeypatch):
+def test_an_fsdp_rank_with_too_little_memory_fails_the_step_naming_it(make_multi_state, run_check, monkeypatch):
+    state = make_multi_state(strategy='"fsdp"')
     monkeypatch.setenv("FTREADY_TEST_RANK_CAPACITY", "1=1000000")
     with pytest.raises(Fail) as step:
-        run_check(multi_state, "distributed.step")
+        run_check(state, "distributed.step")
     message = str(step.value)
-    assert "rank 1 needs" in message and "has 878.91 KiB (976.56 KiB from FTREADY_TEST_RANK_CAPACITY" in message
-    assert "rank 0" not in message.split("Shard")[0]
-    assert "FTREADY_TEST_RANK_CAPACITY" in message and "strategy = \"fsdp\"" in message
-    run_check(multi_state, "distributed.launch")  # the job itself was fine
+    assert "does not fit on every rank: rank 1 needs" in message
+    assert "has 878.91 KiB (976.56 KiB from FTREADY_TEST_RANK_CAPACITY (test hook)" in message
+    assert "rank 0" not in message
+    run_check(state, "distributed.launch")  # the job itself was fine
+    figures = state.distributed_jobs.run().per_rank("step")
+    for rank in (0, 1):  # FSDP2 really sharded: half the weights per rank, shards add up, ranks agree
+        assert figures[rank]["strategy"] == "fsdp" and figures[rank]["params_differ"] == []
+        assert figures[rank]["shard_elements_total"] == figures[rank]["full_elements"]
+        assert figures[rank]["weights_bytes"] < figures[rank]["full_elements"] * 4
 
 
 def test_a_node_that_never_joins_fails_the_rendezvous_within_the_timeout(tmp_path):
@@ -113,7 +126,7 @@ def test_a_node_that_never_joins_fails_the_rendezvous_within_the_timeout(tmp_pat
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     spec = JobSpec(recipe=str(MULTI), mode="run", world_size=1, nnodes=2, backend="gloo", strategy="ddp",
-                   device_kind="cpu", timeout_s=3, pad_id=0, steps=2, threads=1, collective_max_bytes=1 << 20,
+                   device_kind="cpu", timeout_s=1, pad_id=0, steps=2, threads=1, collective_max_bytes=1 << 20,
                    rdzv_endpoint=f"127.0.0.1:{port}")
     job = launch(spec, tmp_path / "job", idle_timeout_s=60)
     assert not job.timed_out and job.exit_code != 0
