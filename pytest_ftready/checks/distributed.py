@@ -56,10 +56,6 @@ def distributed_jobs(ctx):
     return state.distributed_jobs
 
 
-def jobs_backend(job: JobResult) -> str:
-    return next(iter(job.per_rank("join").values()), {}).get("backend", "?")
-
-
 def finished(job: JobResult, phase: str, what: str) -> dict[int, dict]:
     """Every rank's figures of ``phase``; the job's failure when a rank did not finish it."""
     if job.stopped_in(phase):
@@ -71,13 +67,14 @@ def finished(job: JobResult, phase: str, what: str) -> dict[int, dict]:
        requires=("data.masking",))
 def launch(ctx) -> None:
     """torchrun starts every rank, they join and finish; a dead or stuck rank is named with its last lines."""
-    job = distributed_jobs(ctx).run()
+    jobs = distributed_jobs(ctx)
+    job = jobs.run()
     ctx.measure("torchrun_command", job.command_text(), "")
     ctx.measure("world_size", job.world_size, "ranks")
     ctx.measure("job_seconds", job.seconds, "s")
     joined = job.per_rank("join")
+    ctx.measure("backend", jobs.plan.backend, "")
     if joined:
-        ctx.measure("backend", jobs_backend(job), "")
         ctx.measure("slowest_join_seconds", max(f["join_seconds"] for f in joined.values()), "s")
     if job.leftovers:
         ctx.measure("processes_left_behind", job.leftovers, "processes")
@@ -93,7 +90,8 @@ def collectives(ctx) -> None:
     """all_reduce and all_gather bus bandwidth per message size; large messages near the link's bandwidth."""
     from ..machine.links import GpuLinks, slowest_link
 
-    job = distributed_jobs(ctx).run()
+    jobs = distributed_jobs(ctx)
+    job = jobs.run()
     per_rank = finished(job, "collectives", "the collectives did not complete")
     best: dict[str, tuple[int, float]] = {}
     for op in ("all_reduce", "all_gather"):
@@ -106,8 +104,9 @@ def collectives(ctx) -> None:
         best[op] = (sizes[-1], curve[-1])
     links = {r: GpuLinks(**f["links"]) for r, f in job.per_rank("join").items() if f.get("links")}
     if not links:
-        ctx.measure("bandwidth_comparison", f"not compared: {jobs_backend(job)} on the CPU has no GPU link to "
-                    "compare with (NVML link facts come from GPU ranks); the figures are recorded", "")
+        why = ("gloo on the CPU has no GPU link to compare with" if jobs.plan.device_kind == "cpu" else
+               "NVML gave no link facts for these GPUs (ROCm, or NVML not readable)")
+        ctx.measure("bandwidth_comparison", f"not compared: {why}; the figures are recorded", "")
         return
     rank, expected = slowest_link(links)
     if expected.bytes_per_s is None:

@@ -134,3 +134,33 @@ def test_a_node_that_never_joins_fails_the_rendezvous_within_the_timeout(tmp_pat
     assert "RendezvousTimeoutError" in "\n".join(job.failure.last_lines)
     assert any("rdzv_endpoint" in hint for hint in job.failure.hints)
     assert processes_of(job.folder) == []
+
+
+def gpu_job(bus_bytes_per_s: float, links: dict):
+    """The run job of two NVLink GPUs as the ranks would report it (no GPU here)."""
+    from types import SimpleNamespace
+
+    from pytest_ftready.engine.distributed.launcher import JobResult, RankOutcome
+
+    rows = [{"bytes": 1 << 30, "seconds": 0.01, "bus_bytes_per_s": bus_bytes_per_s}]
+    ranks = {r: RankOutcome(r, {"phase": "finished", "phases": {
+        "join": {"backend": "nccl", "join_seconds": 0.1, "links": links},
+        "collectives": {"all_reduce": rows, "all_gather": rows}}}) for r in (0, 1)}
+    job = JobResult("run", ["torchrun"], 2, 0, False, 1.0, ranks, None, 0, Path("."))
+    return SimpleNamespace(run=lambda: job, plan=SimpleNamespace(device_kind="cuda", backend="nccl"))
+
+
+def test_collectives_far_below_the_link_fail_naming_it(make_multi_state, run_check):
+    from pytest_ftready.machine.links import GpuLinks
+
+    h100 = GpuLinks(nvlink_version=6, nvlinks_active=18).to_dict()
+    state = make_multi_state()
+    state.distributed_jobs = gpu_job(40e9, h100)  # 40 GB/s over 450 GB/s of NVLink 4.0 x18
+    with pytest.raises(Fail, match=r"all_(reduce|gather) of 1.00 GiB reaches 40.0 GB/s bus bandwidth, under 25% of what "
+                                   r"rank 0's link should give \(NVLink 4.0 x18: 450 GB/s; NVIDIA H100"):
+        run_check(state, "distributed.collectives")
+    state.distributed_jobs = gpu_job(380e9, h100)
+    ctx = run_check(state, "distributed.collectives")
+    shares = {m.name: m.value for m in ctx.measured}
+    assert shares["all_reduce_share_of_link"] == pytest.approx(380 / 450)
+    assert shares["link"] == "rank 0: NVLink 4.0 x18"

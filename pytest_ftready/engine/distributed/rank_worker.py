@@ -146,7 +146,8 @@ def collectives(rank: Rank) -> dict:
                 run()
             _sync(device)
             seconds = (time.perf_counter() - started) / iterations
-            results[name].append({"bytes": size, "seconds": seconds, "bus_bytes_per_s": size / seconds * factor})
+            moved = size if name == "all_reduce" else gathered.numel() * 4  # all_gather: the gathered tensor
+            results[name].append({"bytes": moved, "seconds": seconds, "bus_bytes_per_s": moved / seconds * factor})
         del buffer, chunk, gathered
     return results
 
