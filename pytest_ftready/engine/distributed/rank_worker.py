@@ -167,7 +167,11 @@ def wrap(model, rank: Rank):
 
         return DistributedDataParallel(model, device_ids=[rank.local_rank] if rank.device != "cpu" else None)
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch < 2.6 kept FSDP2 under _composable
+        from torch.distributed._composable.fsdp import fully_shard
 
     mesh = init_device_mesh("cuda" if rank.device != "cpu" else "cpu", (rank.world,))
     blocks = {name for m in model.modules() for name in (getattr(m, "_no_split_modules", None) or ())}
@@ -179,12 +183,15 @@ def wrap(model, rank: Rank):
 
 
 def fresh_model(rank: Rank, recipe):
-    """The recipe's trainable model (engine.loading / engine.training), seeded, wrapped."""
+    """The recipe's trainable model (engine.loading / engine.training), seeded, wrapped.
+    FSDP loads on the CPU and lets fully_shard move each block's shards to the GPU, so a model
+    larger than one GPU can be checked (bitsandbytes models load where they will run)."""
     from ..loading import load_model
     from ..training import make_trainable, seed_everything
 
     seed_everything(recipe.training.seed)
-    return wrap(make_trainable(load_model(recipe, rank.device), recipe), rank)
+    shard_from_cpu = rank.spec.strategy == "fsdp" and recipe.model.quantization == "none"
+    return wrap(make_trainable(load_model(recipe, "cpu" if shard_from_cpu else rank.device), recipe), rank)
 
 
 def local_tensor(p):
