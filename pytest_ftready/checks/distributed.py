@@ -13,6 +13,9 @@ from ..units import human_bytes
 from .registry import STAGES, check
 
 
+COMPARE_FROM_BYTES = 64 << 20  # smaller messages are latency-bound: their bus bandwidth says little about the link
+
+
 def applies(recipe) -> Optional[str]:
     """Why the distributed checks do not apply to ``recipe`` (None: they do)."""
     if "distributed" not in (getattr(recipe, "declared", None) or ()):
@@ -109,6 +112,11 @@ def collectives(ctx) -> None:
         ctx.measure("bandwidth_comparison", f"not compared: {why}; the figures are recorded", "")
         return
     rank, expected = slowest_link(links)
+    largest = min(size for size, _ in best.values())
+    if largest < COMPARE_FROM_BYTES:
+        ctx.measure("bandwidth_comparison", f"not compared: the largest message that fit ({human_bytes(largest)}) is "
+                    f"latency-bound; comparing needs {human_bytes(COMPARE_FROM_BYTES)} or more free on every GPU", "")
+        return
     if expected.bytes_per_s is None:
         ctx.measure("bandwidth_comparison", f"not compared: {expected.reason}", "")
         return

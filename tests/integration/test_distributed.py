@@ -136,13 +136,13 @@ def test_a_node_that_never_joins_fails_the_rendezvous_within_the_timeout(tmp_pat
     assert processes_of(job.folder) == []
 
 
-def gpu_job(bus_bytes_per_s: float, links: dict):
+def gpu_job(bus_bytes_per_s: float, links: dict, largest: int = 1 << 30):
     """The run job of two NVLink GPUs as the ranks would report it (no GPU here)."""
     from types import SimpleNamespace
 
     from pytest_ftready.engine.distributed.launcher import JobResult, RankOutcome
 
-    rows = [{"bytes": 1 << 30, "seconds": 0.01, "bus_bytes_per_s": bus_bytes_per_s}]
+    rows = [{"bytes": largest, "seconds": 0.01, "bus_bytes_per_s": bus_bytes_per_s}]
     ranks = {r: RankOutcome(r, {"phase": "finished", "phases": {
         "join": {"backend": "nccl", "join_seconds": 0.1, "links": links},
         "collectives": {"all_reduce": rows, "all_gather": rows}}}) for r in (0, 1)}
@@ -164,3 +164,7 @@ def test_collectives_far_below_the_link_fail_naming_it(make_multi_state, run_che
     shares = {m.name: m.value for m in ctx.measured}
     assert shares["all_reduce_share_of_link"] == pytest.approx(380 / 450)
     assert shares["link"] == "rank 0: NVLink 4.0 x18"
+    state.distributed_jobs = gpu_job(4e9, h100, largest=16 << 20)  # too small to judge the link
+    ctx = run_check(state, "distributed.collectives")
+    assert "not compared: the largest message that fit (16.00 MiB) is latency-bound" in \
+        {m.name: m.value for m in ctx.measured}["bandwidth_comparison"]
