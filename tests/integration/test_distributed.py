@@ -94,6 +94,8 @@ def test_a_rank_killed_mid_collective_is_named_and_leaves_no_process(make_multi_
     job = state.distributed_jobs.run()
     assert not job.timed_out  # torchrun noticed the death; the watchdog never had to fire
     assert processes_of(job.folder) == []
+    logs = [p for p in (job.folder / "logs").rglob("*") if p.is_file()]
+    assert logs and all(p.stat().st_mode & 0o077 == 0 for p in logs)  # the ranks' logs are owner-only
     with pytest.raises(Fail, match="the collectives did not complete: rank 1 failed"):
         run_check(state, "distributed.collectives")
 

@@ -143,7 +143,9 @@ def launch(spec: JobSpec, folder: Path, idle_timeout_s: float, env: Optional[dic
     timed_out = False
     leftovers = 0
     with open(folder / TORCHRUN_LOG, "wb") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environ, start_new_session=True)
+        # umask: the ranks' logs and checkpoint shards are owner-only, like every other artifact
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environ, start_new_session=True,
+                                umask=0o077)
         try:
             last_progress, seen, reported = time.monotonic(), 0.0, time.monotonic()
             while proc.poll() is None:
