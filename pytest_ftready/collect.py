@@ -43,7 +43,7 @@ class RecipeFile(pytest.File):
                                          param=param)
             item.add_marker("ftready")
             item.add_marker(f"ftready_{spec.area}")
-            if spec.accelerator:
+            if spec.needs_accelerator(recipe):
                 item.add_marker("accelerator")
             if spec.nightly:
                 item.add_marker("nightly")
@@ -99,7 +99,7 @@ class CheckItem(pytest.Function):
             state.blocked[self.spec.id] = failed
             pytest.skip(f"{failed} failed; fix correctness before measuring this")
         device = state.device
-        if self.spec.accelerator and not device.is_accelerator and not state.run.cpu_short:
+        if self.spec.needs_accelerator(self.recipe) and not device.is_accelerator and not state.run.cpu_short:
             extra = " (or --ftready-cpu-short to try it on the CPU)" if self.spec.nightly else ""
             pytest.skip(f"needs a CUDA/ROCm GPU or an Apple GPU: {no_accelerator_reason(state.machine)}{extra}")
         bench = None

@@ -8,12 +8,12 @@ through ``ctx.measure``. The collector turns each registered check into a pytest
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 # Cheap before expensive (DESIGN.md "Order and dependencies").
 STAGES = {
     "repro.environment": 0, "stack": 10, "checkpoint": 20, "data": 30, "model.step": 40,
-    "data.loader": 45, "model.overfit": 50, "lifecycle": 60, "levers": 70, "sustained": 75,
+    "data.loader": 45, "model.overfit": 50, "lifecycle": 60, "distributed": 65, "levers": 70, "sustained": 75,
     "headroom": 80, "repro": 90, "privacy": 95,
 }
 
@@ -24,13 +24,16 @@ class CheckSpec:
     body: Callable[..., None]
     stage: int
     doc: str
-    accelerator: bool = False
+    accelerator: Union[bool, Callable[..., bool]] = False  # or recipe -> bool (distributed: nccl recipes)
     nightly: bool = False
     requires: tuple[str, ...] = ()
     # recipe -> reason the check does not apply to it (the item is then skipped with it)
     applies: Optional[Callable[..., Optional[str]]] = None
     # recipe -> [(param id, value)]: one item per value, named id[param id] (ctx.param)
     params: Optional[Callable[..., list]] = None
+
+    def needs_accelerator(self, recipe) -> bool:
+        return bool(self.accelerator(recipe) if callable(self.accelerator) else self.accelerator)
 
     @property
     def area(self) -> str:
@@ -40,7 +43,7 @@ class CheckSpec:
 REGISTRY: dict[str, CheckSpec] = {}
 
 
-def check(id: str, *, stage: int, accelerator: bool = False, nightly: bool = False,
+def check(id: str, *, stage: int, accelerator: Union[bool, Callable] = False, nightly: bool = False,
           requires: tuple[str, ...] = (), applies: Callable | None = None, params: Callable | None = None) -> Callable:
     """Register ``body(ctx)`` as the check ``id`` ("area.name")."""
 
@@ -57,7 +60,7 @@ def check(id: str, *, stage: int, accelerator: bool = False, nightly: bool = Fal
 
 def all_checks() -> list[CheckSpec]:
     """Every check, in run order (stage, then id). Imports the check modules once."""
-    from . import checkpoint, data, headroom, levers, lifecycle, model, privacy, repro, stack, sustained  # noqa: F401
+    from . import checkpoint, data, distributed, headroom, levers, lifecycle, model, privacy, repro, stack, sustained  # noqa: F401
 
     return sorted(REGISTRY.values(), key=lambda spec: (spec.stage, spec.id))
 

@@ -111,15 +111,28 @@ class TensorBytes:
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
-                inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
-                          if isinstance(t, torch.Tensor) and t.device.type != "meta"}
+                inputs = {_storage_key(t) for t in tree_flatten((args, kwargs))[0]}
                 for t in tree_flatten(out)[0]:
-                    if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                    key = _storage_key(t)
+                    if key is not None and key not in inputs:
                         tracker.track(t)
                 return out
 
         with Mode():
             yield self
+
+
+def _storage_key(tensor) -> Optional[int]:
+    """The data pointer of a tensor's storage; None for non-tensors, meta tensors and wrapper
+    subclasses without storage of their own (FSDP2's DTensor parameters)."""
+    import torch
+
+    if not isinstance(tensor, torch.Tensor) or tensor.device.type == "meta":
+        return None
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 @contextmanager

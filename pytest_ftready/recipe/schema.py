@@ -158,6 +158,18 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "export": {
         "format": _k("choice", "none", "export after training", choices=("none", "safetensors", "gguf")),
     },
+    # Multi-GPU readiness (checks/distributed.py, issue 17): the checks apply to recipes with this table.
+    "distributed": {
+        "world_size": _k("int", 0, "processes (GPUs) per node; 0 = the visible GPUs (1 on a CPU)"),
+        "strategy": _k("choice", "ddp", "data parallel: ddp (replicas) or fsdp (FSDP2 fully_shard)", choices=("ddp", "fsdp")),
+        "backend": _k("choice", "auto", "torch.distributed backend; auto = nccl on GPUs, gloo on the CPU",
+                      choices=("auto", "nccl", "gloo")),
+        "nnodes": _k("int", 1, "machines in the job (each runs the same command)", positive=True),
+        "rdzv_endpoint": _k("str", "", "host:port of the rendezvous; required with nnodes > 1"),
+        "timeout_s": _k("float", 300.0, "seconds a collective, or a rank without progress, may wait before the job fails",
+                        positive=True),
+        "min_bandwidth_share": _k("share", 0.25, "large-message bus bandwidth below this share of the link's fails"),
+    },
 }
 TOP_KEYS = {"name": _k("str", "", "recipe name; default: the file stem")}
 SCAN_KINDS = ("secrets", "pii")
@@ -188,6 +200,8 @@ class Recipe(PRecord):
     privacy = pfield()
     export = pfield()
     origin = pfield(initial=None)  # importers.Translation when read from a trainer's config, else None
+    distributed = pfield()
+    declared = pfield()  # frozenset of the tables written in the file (the rest are defaults)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-ready form (paths as strings) for artifacts."""
@@ -345,7 +359,8 @@ def validate_recipe(raw: dict, path: Path | str, origin: Any = None) -> Recipe:
         raise parser.fail("name", f"expected letters, digits, '.', '_' or '-', got {_describe(name)}")
     tables = {table: parser.table(table, raw.get(table, {})) for table in SCHEMA}
     _cross_checks(parser, tables)
-    return Recipe(name=name, source=path, folder=path.parent, origin=origin, **tables)
+    return Recipe(name=name, source=path, folder=path.parent, origin=origin,
+                  declared=frozenset(t for t in raw if t in SCHEMA), **tables)
 
 
 def load_recipe(path: Path | str) -> Recipe:
@@ -405,10 +420,21 @@ def _cross_checks(parser: _Parser, t: dict[str, PRecord]) -> None:
             raise parser.fail("[privacy] backups", f"unknown key {unknown[0]!r}; expected path and encrypted")
         if not isinstance(backups.get("encrypted"), bool) or not isinstance(backups.get("path"), str):
             raise parser.fail("[privacy] backups", "expected { path = \"backups/\", encrypted = true }")
+    _distributed_checks(parser, t)
     pins = t["pins"].packages
     bad_pins = [k for k, v in pins.items() if not isinstance(v, str)]
     if bad_pins:
         raise parser.fail(f"[pins] packages.{bad_pins[0]}", f"expected a version string like \"2.5.1\", got {_describe(pins[bad_pins[0]])}")
+
+
+def _distributed_checks(parser: _Parser, t: dict[str, PRecord]) -> None:
+    d, device = t["distributed"], t["hardware"].device
+    if d.backend == "nccl" and device in ("cpu", "mps", "mlx"):
+        raise parser.fail("[distributed] backend", f"nccl needs CUDA/ROCm GPUs but [hardware] device = \"{device}\"; "
+                          "write backend = \"gloo\" (or \"auto\") to run the ranks on the CPU")
+    if d.nnodes > 1 and not re.fullmatch(r"\[?[A-Za-z0-9_.:-]+\]?:\d+", d.rdzv_endpoint):
+        raise parser.fail("[distributed] rdzv_endpoint", f"nnodes = {d.nnodes} needs the rendezvous as \"host:port\" "
+                          f"reachable from every node (e.g. \"node0.cluster:29400\"), got {d.rdzv_endpoint!r}")
 
 
 def is_commit_hash(revision: str) -> bool:

@@ -271,6 +271,24 @@ class RecipeState:
         return run_sustained(self.recipe, self.training_examples(), self.tokenizer.pad_token_id, self.torch_device,
                              self.shared_base, warmup_s, total_s, window_s, sources, missing, progress=self.progress)
 
+    @fact
+    def distributed_jobs(self):
+        """The recipe's torchrun jobs (engine.distributed.jobs.DistributedJobs), planned once; the
+        distributed checks share its launches."""
+        from ..engine.distributed.jobs import DistributedJobs, plan, visible_gpus
+        from ..outcomes import Skip
+
+        device, _ = self.device, self.torch_device  # a Fail when the recipe's device is not here
+        try:
+            resolved = plan(self.recipe, device.kind, visible_gpus(len(self.machine.gpus)))
+        except ValueError as exc:
+            raise Fail(str(exc)) from None
+        if resolved.total_ranks <= 1:
+            raise Skip(f"[distributed] world_size resolves to 1 here ({'1 GPU' if device.is_accelerator else 'no GPU visible'}); "
+                       "write world_size = 2 with backend = \"gloo\" to rehearse the job on the CPU")
+        return DistributedJobs(self.recipe, resolved, self.artifacts / "distributed", self.training_examples(),
+                               self.tokenizer.pad_token_id, self.recipe.checks.resume_steps, progress=self.progress)
+
     # ---- what the hub and the files say --------------------------------------------------------
     @fact
     def model_files(self):
