@@ -92,8 +92,6 @@ class CheckItem(pytest.Function):
     def run_check(self, request) -> None:
         from .session.context import CheckContext
         from .machine.devices import no_accelerator_reason
-        from .data.scan import redact
-
         state = self.state
         failed = state.failed_prerequisite(self.spec.requires)
         if failed:
@@ -112,9 +110,9 @@ class CheckItem(pytest.Function):
         try:
             self.spec.body(ctx)
         except Fail as exc:  # messages may quote user data: never let a secret through
-            verdict = (pytest.fail, redact(str(exc)))
+            verdict = (pytest.fail, state.run.gate.text(str(exc)))
         except Skip as exc:
-            verdict = (pytest.skip, redact(str(exc)))
+            verdict = (pytest.skip, state.run.gate.text(str(exc)))
         finally:
             ctx.finish()
         if verdict is not None:  # raised outside the handler: the report shows the message once

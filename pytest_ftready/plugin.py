@@ -8,7 +8,6 @@ import pytest
 
 from . import hookspec, options
 from .outputs import measurements, report
-from .files import write_json, write_private
 from .collect import RUN_KEY, RecipeFile
 from .session.state import RunState
 
@@ -125,14 +124,32 @@ def pytest_runtest_makereport(item, call):
     report = yield
     if report.skipped and hasattr(item, "spec") and isinstance(report.longrepr, tuple):
         report.longrepr = (str(item.path), None, report.longrepr[2])  # point at the recipe, not at plugin code
+    run = item.config.stash.get(RUN_KEY, None)
+    if run is not None:  # what every reporter (terminal, JUnit, xdist) reads passes the gate
+        gate_report(run.gate, report)
     return report
+
+
+def gate_report(gate, report) -> None:
+    """Properties, captured output and text failure messages of a test report, gated."""
+    report.user_properties = [(name, gate.value(value)) for name, value in report.user_properties]
+    report.sections = [(title, gate.text(text)) for title, text in report.sections]
+    if isinstance(report.longrepr, str):
+        report.longrepr = gate.text(report.longrepr)
+    elif isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
+        report.longrepr = (*report.longrepr[:2], gate.text(str(report.longrepr[2])))
+    elif report.longrepr is not None:  # a traceback: kept as it is unless it quotes a finding
+        text = str(report.longrepr)
+        clean = gate.text(text)
+        if clean != text:
+            report.longrepr = clean
 
 
 def pytest_terminal_summary(terminalreporter, config) -> None:
     run = config.stash.get(RUN_KEY, None)
     if run and run.measurements:
         terminalreporter.write_sep("-", "ftready measurements")
-        for line in measurements.summary_lines(run.measurements):
+        for line in run.gate.lines(measurements.summary_lines(run.measurements)):
             terminalreporter.write_line(line)
 
 
@@ -142,11 +159,12 @@ def pytest_sessionfinish(session) -> None:
         return
     for state in run.recipes.values():
         mine = [m for m in run.measurements if m.recipe == state.recipe.name]
-        write_json(state.artifacts / "measurements.json", measurements.measurements_payload(mine))
+        gate = run.gate
+        gate.write_json(state.artifacts / "measurements.json", measurements.measurements_payload(mine))
         if state.series:
-            write_json(state.artifacts / "series.json", state.series)
-        write_private(state.artifacts / "report.html",
-                             report.html_report(state.recipe.name, mine, state.series, state.outcomes))
+            gate.write_json(state.artifacts / "series.json", state.series)
+        gate.write(state.artifacts / "report.html", report.html_report(state.recipe.name, mine, state.series,
+                                                                        state.outcomes))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -154,6 +172,9 @@ def pytest_benchmark_update_json(config, benchmarks, output_json) -> None:
     run = config.stash.get(RUN_KEY, None)
     if run is not None:
         output_json["ftready"] = measurements.measurements_payload(run.measurements)
+        gated = run.gate.value(dict(output_json))  # extra_info of every benchmark included
+        output_json.clear()
+        output_json.update(gated)
 
 
 # ---- public fixtures -------------------------------------------------------------------

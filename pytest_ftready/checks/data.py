@@ -8,11 +8,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable
 
-from ..data.encoding import mask_runs, render_example
-from ..files import write_private
+from ..data.encoding import redacted_runs, render_example
 from ..units import percentile
+from ..data.redaction import redact_text, row_values
 from ..data.rows import row_problems
-from ..data.scan import redact
 from ..outcomes import Fail, Skip
 from .registry import STAGES, check
 
@@ -69,12 +68,19 @@ def padding_waste(lengths: list[int], micro_batch: int) -> float:
     return 0.0 if padded == 0 else 1.0 - total / padded
 
 
-def masking_report(tokenizer, examples: list, method: str) -> str:
-    """HTML: each example's tokens, trained ones highlighted (personal data and secrets redacted)."""
+def masking_report(tokenizer, examples: list, method: str, known=None) -> str:
+    """HTML: each example's tokens, trained ones highlighted. Personal data and secrets are
+    redacted in each example's whole text before it is cut into spans (``known``: the output
+    gate, which also learns each example's values)."""
     blocks = []
     for enc in examples:
-        pieces = [_span(text, trained) for text, trained in mask_runs(tokenizer, enc)]
-        issues = "".join(f"<li>{html.escape(kind)}: {html.escape(redact(detail))}</li>" for kind, detail in enc.problems)
+        values = known.values() if known is not None else {}
+        runs = redacted_runs(tokenizer, enc, known=values)
+        if known is not None:
+            known.learn(row_values(enc.row.data))
+        pieces = [_span(text, trained) for text, trained in runs]
+        issues = "".join(f"<li>{html.escape(kind)}: {html.escape(redact_text(detail))}</li>"
+                         for kind, detail in enc.problems)
         blocks.append(f"<h3>{html.escape(enc.row.where)}: {enc.trained} of {enc.length} tokens trained</h3>"
                       f"<pre>{''.join(pieces)}</pre><ul>{issues}</ul>")
     return ("<!doctype html><meta charset='utf-8'><title>ftready: loss masking</title>"
@@ -84,7 +90,7 @@ def masking_report(tokenizer, examples: list, method: str) -> str:
 
 
 def _span(text: str, trained: bool) -> str:
-    return f"<span class='{'t' if trained else 'm'}'>{html.escape(redact(text))}</span>"
+    return f"<span class='{'t' if trained else 'm'}'>{html.escape(text)}</span>"
 
 
 # ---- checks -----------------------------------------------------------------------------
@@ -149,7 +155,9 @@ def data_masking(ctx) -> None:
     state, recipe = ctx.state, ctx.recipe
     encoded = encoded_rows(ctx, "check")
     sample = [e for e in encoded if e.problems][: recipe.data.sample] or encoded[: recipe.data.sample]
-    report = write_private(state.artifacts / "masking.html", masking_report(state.tokenizer, sample, state.encoder.method))
+    gate = state.run.gate
+    report = gate.write(state.artifacts / "masking.html",
+                        masking_report(state.tokenizer, sample, state.encoder.method, known=gate))
     ctx.user_properties.append(("masking_report", str(report)))
     ctx.measure("trained_span_method", state.encoder.method, "")
     trained = sum(e.trained for e in encoded)
@@ -170,7 +178,7 @@ def data_masking(ctx) -> None:
                         f"raise [data] max_length (now {recipe.data.max_length}) or shorten those rows")
     if messages:
         bad = next((e for e in encoded if any(k in found for k, _ in e.problems)), sample[0])
-        example = redact(render_example(state.tokenizer, bad))
+        example = render_example(state.tokenizer, bad, known=gate.values())
         raise Fail("\n".join(messages) + f"\nExample {bad.row.where} (trained tokens in [[...]]):\n{example}"
                    f"\nAll shown examples: {report}")
 

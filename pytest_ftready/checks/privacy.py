@@ -74,7 +74,7 @@ def scan_results(ctx):
     if "scan" not in state.results:
         recipe = state.recipe
         files = [p for p in walk([*recipe.data.train, *recipe.privacy.scan_paths]) if p.is_file()]
-        found, scanned, seconds = scan_files(files, frozenset(recipe.privacy.scan))
+        found, scanned, seconds = scan_files(files, frozenset(recipe.privacy.scan), learn=state.run.gate.learn_one)
         allow = load_allowlist(recipe.privacy.allowlist)
         state.results["scan"] = (found, allow, scanned, seconds, len(files))
     return state.results["scan"]

@@ -13,6 +13,7 @@ from ..machine.devices import Device, resolve_device
 from ..machine.probes import Machine
 from ..recipe.schema import Recipe
 from ..outcomes import Fail
+from ..outputs.gate import Gate
 from ..outputs.measurements import Measurement
 
 PROGRESS_ROWS = 5000  # datasets this long report their encoding progress
@@ -27,6 +28,7 @@ class RunState:
     hub_timeout_s: float = 10.0
     hub_factory: Optional[Callable[[], Any]] = None  # -> hub.Hub; default: the real hub and its cache
     free_bytes: Optional[Callable[[Path], int]] = None  # -> free bytes on a path's disk (tests: a small disk)
+    gate: Gate = field(default_factory=Gate)  # every output passes through it (outputs/gate.py)
     telemetry_factory: Optional[Callable[..., Any]] = None  # (device, machine) -> (sources, missing); tests: fake NVML
     progress: Optional[Callable[[str], None]] = None  # a line for the terminal while long work runs
     recipes: dict[Path, "RecipeState"] = field(default_factory=dict)
