@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,9 @@ def pytest_configure(config) -> None:
     for area in areas():
         config.addinivalue_line("markers", f"ftready_{area}: pytest-ftready {area} checks")
     recipes = options.recipe_paths(config)
+    if recipes.value and getattr(config.option, "numprocesses", None):
+        raise pytest.UsageError("ftready: the checks of a recipe share one loaded model and run in order in one "
+                                "process; run them without -n (pytest-xdist), e.g. -n 0")
     config.stash[RUN_KEY] = RunState(
         artifacts_root=options.artifacts_root(config).value,
         machine_factory=lambda: _machine(config),
@@ -157,14 +161,24 @@ def pytest_sessionfinish(session) -> None:
     run = session.config.stash.get(RUN_KEY, None)
     if run is None:
         return
+    from .outcomes import Fail
+
     for state in run.recipes.values():
+        if "scratch" in vars(state):  # this run's checkpoints and trained weights
+            shutil.rmtree(state.scratch, ignore_errors=True)
         mine = [m for m in run.measurements if m.recipe == state.recipe.name]
         gate = run.gate
-        gate.write_json(state.artifacts / "measurements.json", measurements.measurements_payload(mine))
-        if state.series:
-            gate.write_json(state.artifacts / "series.json", state.series)
-        gate.write(state.artifacts / "report.html", report.html_report(state.recipe.name, mine, state.series,
-                                                                        state.outcomes))
+        try:
+            gate.write_json(state.artifacts / "measurements.json", measurements.measurements_payload(mine))
+            if state.series:
+                gate.write_json(state.artifacts / "series.json", state.series)
+            gate.write(state.artifacts / "report.html", report.html_report(state.recipe.name, mine, state.series,
+                                                                            state.outcomes))
+        except Fail as exc:
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.write_line(f"ftready {state.recipe.name}: {exc}", red=True)
+            session.exitstatus = session.exitstatus or pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(optionalhook=True)

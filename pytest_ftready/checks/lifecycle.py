@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from ..files import ensure_private_dir
@@ -44,8 +43,11 @@ def straight_and_half(state, device: str, folder: Path, steps: int, exact: bool 
 def resume_in_fresh_process(recipe, folder: Path, steps: int, total: int, device: str) -> list[float]:
     import torch
 
-    cmd = [sys.executable, "-m", "pytest_ftready.engine.worker", "resume", str(recipe.source), str(folder), str(steps),
-           str(total), device, str(torch.get_num_threads())]
+    from ..engine import worker
+
+    cmd = worker.command("resume", str(recipe.source), str(folder), str(steps), str(total), device,
+                         str(torch.get_num_threads()))
+    # run() kills the worker on any exception while waiting: the check's time limit, Ctrl-C
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
@@ -74,7 +76,7 @@ def resume(ctx) -> None:
     state, recipe = ctx.state, ctx.recipe
     device = ctx.torch_device()
     steps = max(2, recipe.checks.resume_steps // 2 * 2)
-    folder = state.artifacts / "resume-checkpoint"
+    folder = state.scratch / "resume-checkpoint"
     exact = not ctx.device.is_accelerator  # GPU kernels may differ in the last bits run to run
     straight = straight_and_half(state, device, folder, steps, exact)
     from ..engine.training import checkpoint_bytes, load_state
@@ -117,7 +119,7 @@ def verify_generation(state, device: str, merge=None) -> dict[str, list[int]]:
         with peft_quiet():
             loaded = PeftModel.from_pretrained(load_model(recipe, device), str(result.adapter_dir))
         outputs["adapter"] = greedy(loaded, result.prompt_ids, n, stops, pad, device)
-        merged_dir = state.artifacts / "merged-model"
+        merged_dir = state.scratch / "merged-model"
         try:
             merge(loaded, merged_dir)
         except (ValueError, RuntimeError, OSError) as exc:

@@ -127,6 +127,19 @@ def param_fingerprints(model, trainable: bool) -> dict[str, tuple[float, float]]
                 for n, p in model.named_parameters() if p.requires_grad == trainable}
 
 
+def nonfinite_loss(loss: float, step: int, before: list, recipe) -> str:
+    """Why the loss became nan/inf at ``step``: from the start, or diverging mid-run."""
+    if not before:
+        overflow = ("float16 overflows from the start: train in bfloat16" if recipe.model.dtype == "float16"
+                    else "the model's weights produce nan/inf from the start (a broken checkpoint?)")
+        return (f"loss is {loss} at step 1 of the overfit: a batch with no supervised token (labels all -100), "
+                f"or {overflow}")
+    return (f"loss is {loss} at step {step} of the overfit (step {step - 1}: {before[-1]:.4g}): training "
+            f"diverged; likely learning_rate = {recipe.training.learning_rate} is too high for "
+            f"{recipe.model.dtype}, or float16 overflowed: lower the learning rate, train in bfloat16, or clip "
+            "gradients")
+
+
 @dataclass(frozen=True)
 class OverfitResult:
     losses: list
@@ -159,8 +172,7 @@ def overfit(state, device: str, save_to) -> OverfitResult:
             loss = train_step(model, optimizer, scheduler, batches, device)
             losses.append(loss)
             if not math.isfinite(loss):
-                raise Fail(f"loss is {loss} at step {step}: no supervised tokens (labels all -100?), or a "
-                           f"learning rate too high for {recipe.model.dtype}")
+                raise Fail(nonfinite_loss(loss, step, losses[:-1], recipe))
             if loss <= checks.overfit_loss:
                 break
         changed_frozen = [n for n, fp in param_fingerprints(model, trainable=False).items() if fp != frozen_before[n]]
@@ -181,7 +193,7 @@ def overfit(state, device: str, save_to) -> OverfitResult:
 def model_overfit(ctx) -> None:
     """A handful of examples reach the loss threshold; trainable weights change, frozen ones do not."""
     state, checks = ctx.state, ctx.recipe.checks
-    result = overfit(state, ctx.torch_device(), state.artifacts / "overfit-weights")
+    result = overfit(state, ctx.torch_device(), state.scratch / "overfit-weights")
     state.results["overfit"] = result
     ctx.series("loss", result.losses)
     ctx.measure("overfit_steps", len(result.losses), "steps")

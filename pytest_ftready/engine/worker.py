@@ -7,6 +7,11 @@ import json
 import sys
 
 
+def command(*args: str) -> list[str]:
+    """The argv that runs this module in a fresh interpreter."""
+    return [sys.executable, "-m", "pytest_ftready.engine.worker", *args]
+
+
 def main(argv: list[str]) -> int:
     command, recipe_path, folder, steps, total, device, threads = argv
     if command != "resume":

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping
 
 from ..data.redaction import bare_secret, finding_values, redact_text
 from ..files import json_safe, write_private
+from ..outcomes import Fail
 
 MIN_LINE_CHARS = 8  # a line of a multi-line value this long is refused on its own
 
@@ -69,13 +70,19 @@ class Gate:
 
     def write(self, path: Path, data: str | bytes) -> Path:
         """The artifact writer: atomic, owner-only, and text through the gate. Bytes that
-        decode as UTF-8 text are gated as text; other bytes (weights, tensors) as they are."""
+        decode as UTF-8 text are gated as text; other bytes (weights, tensors) as they are.
+        A folder that cannot be written (read-only, disk full) is a ``Fail`` naming the path;
+        no partial file is left."""
         if isinstance(data, bytes):
             try:
                 data = data.decode("utf-8")
             except UnicodeDecodeError:
-                return write_private(path, data)
-        return write_private(path, self.text(data))
+                pass
+        try:
+            return write_private(path, self.text(data) if isinstance(data, str) else data)
+        except OSError as exc:
+            raise Fail(f"cannot write {path}: {exc.strerror or exc}; make room on that disk or point "
+                       "--ftready-artifacts at a writable folder") from None
 
     def write_json(self, path: Path, payload: Any) -> Path:
         return self.write(path, json.dumps(json_safe(self.value(payload)), indent=2, sort_keys=True) + "\n")

@@ -74,6 +74,17 @@ class RecipeState:
         return self.run.machine
 
     @cached_property
+    def scratch(self) -> Path:
+        """This run's own working folder inside the artifacts folder (checkpoints, trained
+        weights): two runs sharing an artifacts folder never touch each other's work. The
+        plugin removes it at the end of the session."""
+        import tempfile
+
+        from ..files import ensure_private_dir
+
+        return Path(tempfile.mkdtemp(prefix=".run-", dir=ensure_private_dir(self.artifacts)))
+
+    @cached_property
     def device(self) -> Device:
         return resolve_device(self.machine, self.recipe.hardware.device)
 

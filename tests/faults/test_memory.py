@@ -1,0 +1,75 @@
+"""Fault: out of memory in the training step, on a (fake) small device and as a real
+torch.OutOfMemoryError raised by an allocation during the step."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tests import fakes
+from tests.faults.conftest import dependents_of
+
+MiB = 1024 ** 2
+
+
+class AllocationBudget(TorchDispatchMode):
+    """Every op's output tensors are allocations; past ``budget`` bytes the allocator 'fails'
+    the way CUDA's does: torch.OutOfMemoryError."""
+
+    def __init__(self, budget: int) -> None:
+        super().__init__()
+        self.budget, self.allocated = budget, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (list, tuple)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.allocated += t.numel() * t.element_size()
+        if self.allocated > self.budget:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {self.allocated - self.budget} bytes "
+                                         f"(budget {self.budget} bytes)")
+        return out
+
+
+def _no_lora_left(state) -> bool:
+    return not any("lora" in name for name, _ in state.model.named_modules())
+
+
+def test_small_device_fails_step_memory_with_numbers_and_levers_and_stops_its_dependents(make_state, fails):
+    state = make_state(machine=fakes.cpu_only(memory=4 * MiB))  # a fake machine whose device holds 4 MiB
+    message = fails(state, "model.step_memory")
+    assert "the worst-case step needs" in message and "offers 3.60 MiB (4.00 MiB less the 10% memory_headroom)" in message
+    assert "Levers for this recipe" in message and "gradient_checkpointing = true" in message
+    assert _no_lora_left(state)
+    state.outcomes["model.step_memory"] = "failed"  # what the plugin records for the failed check
+    dependents = dependents_of("model.step_memory")
+    assert {"model.overfit", "lifecycle.resume", "lifecycle.generate", "data.loader"} <= set(dependents)
+    from pytest_ftready.checks.registry import REGISTRY
+
+    for check_id in sorted(dependents, key=lambda c: REGISTRY[c].stage):  # in run order, as collect.py does
+        blocked_by = state.failed_prerequisite(REGISTRY[check_id].requires)
+        assert blocked_by == "model.step_memory", check_id  # each skips naming the step
+        state.blocked[check_id] = blocked_by
+
+
+def test_real_out_of_memory_error_from_an_allocation_is_a_clear_failure(make_state, fails, run_check, monkeypatch):
+    from pytest_ftready.engine import training
+
+    budget = AllocationBudget(budget=2 * MiB)
+    real_step = training.train_step
+
+    def step_on_a_small_device(*args, **kwargs):  # every allocation of the step counts against the budget
+        with budget:
+            return real_step(*args, **kwargs)
+
+    state = make_state()
+    monkeypatch.setattr(training, "train_step", step_on_a_small_device)
+    message = fails(state, "model.step_memory")
+    monkeypatch.undo()
+    assert budget.allocated > 2 * MiB  # the step really ran into the budget
+    assert message.startswith("out of memory on ") and "micro_batch_size 4 x max_length 128" in message
+    assert "CUDA out of memory. Tried to allocate" in message and "Levers for this recipe" in message
+    assert "\n" not in message.split("Levers")[0].strip()  # the reason is one line; the levers follow
+    assert _no_lora_left(state)  # the trainable wrapper was undone: later checks get a clean model
+    run_check(state, "model.step_memory")  # the same state measures the step once memory is there
+    assert state.results["step"].peak_bytes > 0
