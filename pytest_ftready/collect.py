@@ -92,16 +92,26 @@ class CheckItem(pytest.Function):
 
     def runtest(self) -> None:
         outcome = "failed"
+        overran = False
         try:
             super().runtest()
             outcome = "passed"
         except pytest.skip.Exception:
             outcome = "skipped"
             raise
+        except pytest.fail.Exception as exc:
+            overran = str(exc.msg).startswith("Timeout")  # pytest-timeout stopped the check
+            if not overran:
+                raise
         finally:  # across the variants of one id: failed > passed > skipped
             rank = {"skipped": 0, "passed": 1, "failed": 2}
             previous = self.state.outcomes.get(self.spec.id, "skipped")
             self.state.outcomes[self.spec.id] = max(previous, outcome, key=rank.__getitem__)
+        if overran:  # raised outside the handler: one line, no traceback of where it was stopped
+            limit = time_limit(self.recipe, self.spec.id)
+            pytest.fail(f"{self.spec.id} did not finish within its time limit of {limit:g} s ([checks] time_limit_s, "
+                        f"or time_limits = {{ \"{self.spec.id}\" = SECONDS }}); it was stopped and its worker "
+                        "processes killed", pytrace=False)
 
     def run_check(self, request) -> None:
         from .session.context import CheckContext
@@ -133,13 +143,6 @@ class CheckItem(pytest.Function):
                 verdict = (pytest.skip, state.run.gate.text(f"{first} failed: {exc}"))
         except Skip as exc:
             verdict = (pytest.skip, state.run.gate.text(str(exc)))
-        except pytest.fail.Exception as exc:
-            if not str(exc.msg).startswith("Timeout"):
-                raise
-            limit = time_limit(self.recipe, self.spec.id)  # pytest-timeout stopped the check
-            verdict = (pytest.fail, f"{self.spec.id} did not finish within its time limit of {limit:g} s "
-                                    f"([checks] time_limit_s, or time_limits = {{ \"{self.spec.id}\" = SECONDS }}); "
-                                    "it was stopped and its worker processes killed")
         finally:
             ctx.finish()
         if verdict is not None:  # raised outside the handler: the report shows the message once
