@@ -8,6 +8,7 @@ found and what to write instead. This module imports neither pytest nor torch.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import sys
 from dataclasses import dataclass
@@ -239,6 +240,8 @@ class _Parser:
             if isinstance(raw, bool) or not isinstance(raw, (int, float)):
                 raise self.fail(where, f"expected a number, got {_describe(raw)}")
             raw = float(raw)
+            if not math.isfinite(raw):
+                raise self.fail(where, f"expected a finite number, got {raw}")
             if kind == "share" and not 0.0 <= raw < 1.0:
                 raise self.fail(where, f"expected a share between 0 and 1 (e.g. 0.1 for 10%), got {raw}")
             if key.positive and raw <= 0:
@@ -274,7 +277,7 @@ class _Parser:
         if kind == "skip":
             return self.skip_value(where, raw)
         if kind == "limits":
-            if not isinstance(raw, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+            if not isinstance(raw, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf
                                                     for v in raw.values()):
                 raise self.fail(where, 'expected check ids with positive seconds, e.g. { "lifecycle.resume" = 600 }, '
                                 f"got {_describe(raw)}")
