@@ -116,6 +116,7 @@ class CheckItem(pytest.Function):
     def run_check(self, request) -> None:
         from .session.context import CheckContext
         from .machine.devices import no_accelerator_reason
+
         state = self.state
         failed = state.failed_prerequisite(self.spec.requires)
         if failed:
@@ -143,6 +144,12 @@ class CheckItem(pytest.Function):
                 verdict = (pytest.skip, state.run.gate.text(f"{first} failed: {exc}"))
         except Skip as exc:
             verdict = (pytest.skip, state.run.gate.text(str(exc)))
+        except Exception as exc:  # torch.OutOfMemoryError outside a measured step (adapter, optimizer)
+            if type(exc).__name__ != "OutOfMemoryError":  # torch is not imported here: matched by name
+                raise
+            first = (str(exc).strip().splitlines() or [""])[0]
+            verdict = (pytest.fail, state.run.gate.text(f"out of memory in {self.spec.id} on {device.name}: {first} "
+                                                        "(model.step_memory lists the levers that lower the peak)"))
         finally:
             ctx.finish()
         if verdict is not None:  # raised outside the handler: the report shows the message once

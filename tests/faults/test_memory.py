@@ -73,3 +73,29 @@ def test_real_out_of_memory_error_from_an_allocation_is_a_clear_failure(make_sta
     assert _no_lora_left(state)  # the trainable wrapper was undone: later checks get a clean model
     run_check(state, "model.step_memory")  # the same state measures the step once memory is there
     assert state.results["step"].peak_bytes > 0
+
+
+OOM_WHILE_ADDING_THE_ADAPTER = """
+import torch
+from pytest_ftready.engine import training
+
+def no_memory_for_the_adapter(base, recipe):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+
+training.make_trainable = no_memory_for_the_adapter
+"""
+
+
+def test_out_of_memory_outside_the_measured_step_is_one_line_and_stops_dependents(pytester, tiny_example):
+    import xml.etree.ElementTree as ET
+
+    (tiny_example / "conftest.py").write_text(OOM_WHILE_ADDING_THE_ADAPTER)
+    result = pytester.runpytest_subprocess(f"--ftready={tiny_example / 'recipe.toml'}", "-k",
+                                           "model.step_memory or model.overfit or lifecycle.resume",
+                                           "--junitxml=out.xml", f"--ftready-artifacts={pytester.path / 'arts'}")
+    cases = {c.get("name"): c for c in ET.parse(pytester.path / "out.xml").iter("testcase")}
+    failure = cases["model.step_memory"].find("failure").get("message")
+    assert failure.startswith("Failed: out of memory in model.step_memory on ") and "Tried to allocate 20.00 MiB" in failure
+    for name in ("model.overfit", "lifecycle.resume"):
+        assert "model.step_memory failed" in cases[name].find("skipped").get("message")
+    assert "Traceback" not in result.stdout.str() and "\n" not in failure
