@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from .checks.registry import CheckSpec, all_checks
@@ -25,10 +27,12 @@ class RecipeFile(pytest.File):
             raise self.CollectError(str(exc)) from None
         specs = all_checks()
         known = {spec.id for spec in specs}
-        for check_id in recipe.checks.skip:
-            if check_id not in known:
-                raise self.CollectError(str(RecipeError(self.path, f"[checks] skip {check_id!r}",
-                                                        "unknown check" + _did_you_mean(check_id, sorted(known)))))
+        for table_key in ("skip", "time_limits"):
+            for check_id in getattr(recipe.checks, table_key):
+                if check_id not in known:
+                    raise self.CollectError(str(RecipeError(self.path, f"[checks] {table_key} {check_id!r}",
+                                                            "unknown check" + _did_you_mean(check_id, sorted(known)))))
+        timeout = self.config.pluginmanager.hasplugin("timeout")
         run = self.config.stash[RUN_KEY]
         twin = next((s.recipe.source for s in run.recipes.values()
                      if s.recipe.name == recipe.name and s.recipe.source != recipe.source), None)
@@ -47,10 +51,20 @@ class RecipeFile(pytest.File):
                 item.add_marker("accelerator")
             if spec.nightly:
                 item.add_marker("nightly")
+            if timeout:  # pytest-timeout enforces the check's limit; run_check words its failure
+                item.add_marker(pytest.mark.timeout(time_limit(recipe, spec.id), **TIMEOUT_METHOD))
             reason = recipe.checks.skip.get(spec.id) or (spec.applies(recipe) if spec.applies else None)
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
             yield item
+
+
+# The signal method fails only the check that ran over; the thread method would end the session.
+TIMEOUT_METHOD = {"method": "signal"} if hasattr(signal, "SIGALRM") else {}
+
+
+def time_limit(recipe, check_id: str) -> float:
+    return recipe.checks.time_limits.get(check_id, recipe.checks.time_limit_s)
 
 
 def _expand(specs, recipe):
@@ -78,20 +92,29 @@ class CheckItem(pytest.Function):
 
     def runtest(self) -> None:
         outcome = "failed"
+        overran = False
         try:
             super().runtest()
             outcome = "passed"
         except pytest.skip.Exception:
             outcome = "skipped"
             raise
+        except pytest.fail.Exception as exc:
+            overran = str(exc.msg).startswith("Timeout")  # pytest-timeout stopped the check
+            if not overran:
+                raise
         finally:  # across the variants of one id: failed > passed > skipped
             previous = self.state.outcomes.get(self.spec.id, "skipped")
             self.state.outcomes[self.spec.id] = max(previous, outcome, key=OUTCOME_RANK.__getitem__)
+        if overran:  # raised outside the handler: one line, no traceback of where it was stopped
+            limit = time_limit(self.recipe, self.spec.id)
+            pytest.fail(f"{self.spec.id} did not finish within its time limit of {limit:g} s ([checks] time_limit_s, "
+                        f"or time_limits = {{ \"{self.spec.id}\" = SECONDS }}); it was stopped and its worker "
+                        "processes killed", pytrace=False)
 
     def run_check(self, request) -> None:
         from .session.context import CheckContext
         from .machine.devices import no_accelerator_reason
-        from .data.scan import redact
 
         state = self.state
         failed = state.failed_prerequisite(self.spec.requires)
@@ -112,9 +135,15 @@ class CheckItem(pytest.Function):
             with ctx.running():
                 self.spec.body(ctx)
         except Fail as exc:  # messages may quote user data: never let a secret through
-            verdict = (pytest.fail, redact(str(exc)))
+            verdict = (pytest.fail, state.run.gate.text(str(exc)))
         except Skip as exc:
-            verdict = (pytest.skip, redact(str(exc)))
+            verdict = (pytest.skip, state.run.gate.text(str(exc)))
+        except Exception as exc:  # torch.OutOfMemoryError outside a measured step (adapter, optimizer)
+            if type(exc).__name__ != "OutOfMemoryError":  # torch is not imported here: matched by name
+                raise
+            first = (str(exc).strip().splitlines() or [""])[0]
+            verdict = (pytest.fail, state.run.gate.text(f"out of memory in {self.spec.id} on {device.name}: {first} "
+                                                        "(model.step_memory lists the levers that lower the peak)"))
         if verdict is not None:  # raised outside the handler: the report shows the message once
             outcome, message = verdict
             if outcome is pytest.fail:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
 from . import hookspec, options
 from .outputs import measurements, report
-from .files import write_json, write_private
 from .collect import RUN_KEY, RecipeFile, check_accelerator_marker, user_test_params
 from .session.state import RunState
 
@@ -54,6 +54,9 @@ def pytest_configure(config) -> None:
     for area in areas():
         config.addinivalue_line("markers", f"ftready_{area}: pytest-ftready {area} checks")
     recipes = options.recipe_paths(config)
+    if recipes.value and getattr(config.option, "numprocesses", None):
+        raise pytest.UsageError("ftready: the checks of a recipe share one loaded model and run in order in one "
+                                "process; run them without -n (pytest-xdist), e.g. -n 0")
     config.stash[RUN_KEY] = RunState(
         artifacts_root=options.artifacts_root(config).value,
         machine_factory=lambda: _machine(config),
@@ -173,14 +176,32 @@ def pytest_runtest_makereport(item, call):
     report = yield
     if report.skipped and hasattr(item, "spec") and isinstance(report.longrepr, tuple):
         report.longrepr = (str(item.path), None, report.longrepr[2])  # point at the recipe, not at plugin code
+    run = item.config.stash.get(RUN_KEY, None)
+    if run is not None:  # what every reporter (terminal, JUnit, xdist) reads passes the gate
+        gate_report(run.gate, report)
     return report
+
+
+def gate_report(gate, report) -> None:
+    """Properties, captured output and text failure messages of a test report, gated."""
+    report.user_properties = [(name, gate.value(value)) for name, value in report.user_properties]
+    report.sections = [(title, gate.text(text)) for title, text in report.sections]
+    if isinstance(report.longrepr, str):
+        report.longrepr = gate.text(report.longrepr)
+    elif isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
+        report.longrepr = (*report.longrepr[:2], gate.text(str(report.longrepr[2])))
+    elif report.longrepr is not None:  # a traceback: kept as it is unless it quotes a finding
+        text = str(report.longrepr)
+        clean = gate.text(text)
+        if clean != text:
+            report.longrepr = clean
 
 
 def pytest_terminal_summary(terminalreporter, config) -> None:
     run = config.stash.get(RUN_KEY, None)
     if run and run.measurements:
         terminalreporter.write_sep("-", "ftready measurements")
-        for line in measurements.summary_lines(run.measurements):
+        for line in run.gate.lines(measurements.summary_lines(run.measurements)):
             terminalreporter.write_line(line)
     if run and config.get_verbosity() < 0:  # -q hides the header: still say what was not checked
         for state in run.recipes.values():
@@ -195,14 +216,26 @@ def pytest_sessionfinish(session) -> None:
     run = session.config.stash.get(RUN_KEY, None)
     if run is None:
         return
+    from .outcomes import Fail
+
+    for state in [*run.recipes.values(), *run.variants.values()]:
+        if "scratch" in vars(state):  # this run's checkpoints and trained weights
+            shutil.rmtree(state.scratch, ignore_errors=True)
     for state in run.recipes.values():  # a recipe's report holds its variants' measurements too
         name = state.recipe.name
         mine = [m for m in run.measurements if m.recipe == name or m.recipe.startswith(name + "[")]
-        write_json(state.artifacts / "measurements.json", measurements.measurements_payload(mine))
-        if state.series:
-            write_json(state.artifacts / "series.json", state.series)
-        write_private(state.artifacts / "report.html",
-                             report.html_report(state.recipe.name, mine, state.series, state.outcomes))
+        gate = run.gate
+        try:
+            gate.write_json(state.artifacts / "measurements.json", measurements.measurements_payload(mine))
+            if state.series:
+                gate.write_json(state.artifacts / "series.json", state.series)
+            gate.write(state.artifacts / "report.html", report.html_report(state.recipe.name, mine, state.series,
+                                                                            state.outcomes))
+        except Fail as exc:
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.write_line(f"ftready {state.recipe.name}: {exc}", red=True)
+            session.exitstatus = session.exitstatus or pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -210,6 +243,9 @@ def pytest_benchmark_update_json(config, benchmarks, output_json) -> None:
     run = config.stash.get(RUN_KEY, None)
     if run is not None:
         output_json["ftready"] = measurements.measurements_payload(run.measurements)
+        gated = run.gate.value(dict(output_json))  # extra_info of every benchmark included
+        output_json.clear()
+        output_json.update(gated)
 
 
 # ---- public fixtures -------------------------------------------------------------------

@@ -102,3 +102,44 @@ def planted_values() -> list[str]:
     values = [v.split(" = ")[-1].split("=", 1)[-1] if k in ("aws_secret_access_key", "azure_storage_key", "assigned_secret")
               else v for k, v in SECRETS.items() if k != "private_key"]
     return values + list(PII.values()) + MORE_IDS
+
+
+# ---- secrets that byte-level BPE splits over many tokens, in assistant turns ----------------
+_B64 = ALNUM + "+/"
+PEM_BLOCK = ("-----BEGIN RSA PRIVATE KEY-----\n" + "\n".join(_r(64, _B64) for _ in range(5)) + "\n" + _r(24, _B64)
+             + "==\n-----END RSA PRIVATE KEY-----")
+SPLIT = {  # kind -> (the value the scanner finds, the part that must never be shown)
+    "aws_secret_access_key": ("aws_secret_access_key = " + (_aws := _r(40, _B64)), _aws),
+    "private_key": (PEM_BLOCK, PEM_BLOCK),
+    "jwt": (SECRETS["jwt"], SECRETS["jwt"]),
+    "payment_card": (PII["payment_card"], PII["payment_card"]),
+    "email": (PII["email"], PII["email"]),
+}
+FILLER = " ".join(["the quick brown fox jumps over the lazy dog"] * 12)
+
+
+def plant_in_assistant_turns(rows: list[dict]) -> list[dict]:
+    """The first rows' assistant turn carries one SPLIT value each, followed by enough filler
+    that the row is truncated (so the masking report shows it); the PEM block and the JWT are
+    long enough to be cut in the middle by max_length = 128."""
+    rows = [dict(r) for r in rows]
+    for i, (kind, (value, _)) in enumerate(SPLIT.items()):
+        cut = kind in ("private_key", "jwt")
+        text = f"Here it is:\n{value}\n" + ("" if cut else FILLER)
+        rows[i] = {"messages": [{"role": "user", "content": "What do you have for me?"},
+                                {"role": "assistant", "content": text}]}
+    return rows
+
+
+def never_shown() -> list[str]:
+    """Everything that must appear in no output: each SPLIT secret, each line of the PEM
+    block, and every 12-character window of each (a value cut short is still a leak)."""
+    needles = set()
+    for _, secret in SPLIT.values():
+        needles.add(secret)
+        for line in secret.splitlines():
+            if line.startswith("-----"):
+                continue  # the BEGIN/END lines name the kind, not the key
+            needles.add(line)
+            needles.update(line[i:i + 12] for i in range(max(1, len(line) - 11)))
+    return sorted(needles)

@@ -8,12 +8,11 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Iterable
 
-from ..data.encoding import CHAT_METHODS, mask_runs, render_example
+from ..data.encoding import CHAT_METHODS, redacted_runs, render_example
 from ..data.lengths import padding_waste
-from ..files import write_private
-from ..units import percentile
 from ..data.layouts import read_sample, row_problems
-from ..data.scan import redact
+from ..data.redaction import redact_text, row_values
+from ..units import percentile
 from ..outcomes import Fail, Skip
 from .registry import STAGES, check
 
@@ -81,12 +80,19 @@ def span_methods(encoded: list) -> str:
     return ", ".join(sorted({e.method for e in encoded}))
 
 
-def masking_report(tokenizer, examples: list, method: str) -> str:
-    """HTML: each example's tokens, trained ones highlighted (personal data and secrets redacted)."""
+def masking_report(tokenizer, examples: list, method: str, known=None) -> str:
+    """HTML: each example's tokens, trained ones highlighted. Personal data and secrets are
+    redacted in each example's whole text before it is cut into spans (``known``: the output
+    gate, which also learns each example's values)."""
     blocks = []
     for enc in examples:
-        pieces = [_span(text, trained) for text, trained in mask_runs(tokenizer, enc)]
-        issues = "".join(f"<li>{html.escape(kind)}: {html.escape(redact(detail))}</li>" for kind, detail in enc.problems)
+        values = known.values() if known is not None else {}
+        runs = redacted_runs(tokenizer, enc, known=values)
+        if known is not None:
+            known.learn(row_values(enc.row.data))
+        pieces = [_span(text, trained) for text, trained in runs]
+        issues = "".join(f"<li>{html.escape(kind)}: {html.escape(redact_text(detail))}</li>"
+                         for kind, detail in enc.problems)
         blocks.append(f"<h3>{html.escape(enc.row.where)}: {enc.trained} of {enc.length} tokens trained</h3>"
                       f"<pre>{''.join(pieces)}</pre><ul>{issues}</ul>")
     return ("<!doctype html><meta charset='utf-8'><title>ftready: loss masking</title>"
@@ -96,7 +102,7 @@ def masking_report(tokenizer, examples: list, method: str) -> str:
 
 
 def _span(text: str, trained: bool) -> str:
-    return f"<span class='{'t' if trained else 'm'}'>{html.escape(redact(text))}</span>"
+    return f"<span class='{'t' if trained else 'm'}'>{html.escape(text)}</span>"
 
 
 # ---- checks -----------------------------------------------------------------------------
@@ -160,7 +166,8 @@ def data_masking(ctx) -> None:
     encoded = encoded_rows(ctx, "check")
     sample = [e for e in encoded if e.problems][: recipe.data.sample] or encoded[: recipe.data.sample]
     method = span_methods(encoded)  # built-in encoder, TRL's SFTTrainer, or the team's pipeline
-    report = write_private(state.artifacts / "masking.html", masking_report(state.tokenizer, sample, method))
+    gate = state.run.gate
+    report = gate.write(state.artifacts / "masking.html", masking_report(state.tokenizer, sample, method, known=gate))
     ctx.user_properties.append(("masking_report", str(report)))
     ctx.measure("pipeline", state.pipeline.name, "")
     ctx.measure("trained_span_method", method, "")
@@ -186,7 +193,7 @@ def data_masking(ctx) -> None:
                         f"raise [data] max_length (now {recipe.data.max_length}) or shorten those rows")
     if messages:
         bad = next((e for e in encoded if any(k in found for k, _ in e.problems)), sample[0])
-        example = redact(render_example(state.tokenizer, bad))
+        example = render_example(state.tokenizer, bad, known=gate.values())
         raise Fail("\n".join(messages) + f"\nExample {bad.row.where} (trained tokens in [[...]]):\n{example}"
                    f"\nAll shown examples: {report}" + skipped)
 

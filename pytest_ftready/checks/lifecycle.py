@@ -45,7 +45,7 @@ def generate(ctx) -> None:
     if not expected:
         raise Fail(f"the trained model generated nothing for {result.example_where}")
     outputs = reloaded_outputs(ctx.recipe, result.adapter_dir, result.prompt_ids, stops, tok.pad_token_id,
-                               ctx.torch_device(), state.artifacts / "merged-model")
+                               ctx.torch_device(), state.scratch / "merged-model")
     for name, ids in outputs.items():
         if ids != expected:
             raise Fail(f"the reloaded {name} generates {tok.decode(ids)!r} but the in-memory model generated "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from ..machine.environment import environment_record, suite_properties
-from ..files import write_json
 from ..outcomes import Fail, Skip
 from .registry import STAGES, check
 
@@ -13,7 +12,7 @@ def environment(ctx) -> None:
     """Record hardware, driver, CUDA/ROCm, OS, Python and package versions."""
     machine = ctx.machine
     record = environment_record(machine)
-    path = write_json(ctx.state.artifacts / "environment.json", record)
+    path = ctx.state.run.gate.write_json(ctx.state.artifacts / "environment.json", record)
     for name, value in suite_properties(machine).items():
         ctx.suite_property(name, value)
     ctx.measure("cpu_cores", machine.host.cores_logical, "cores")
@@ -84,7 +83,7 @@ def config(ctx) -> None:
     seed = recipe.training.seed
     payload = {"plugin": "pytest-ftready", "version": __version__, "recipe": recipe.to_dict(),
                "seeds": {"torch": seed, "python": seed, "numpy": seed, "data_order": seed}}
-    path = write_json(ctx.state.artifacts / "config.json", payload)
+    path = ctx.state.run.gate.write_json(ctx.state.artifacts / "config.json", payload)
     ctx.user_properties.append(("config_json", str(path)))
     ctx.measure("seed", seed, "")
     failed = seeds_applied(seed)

@@ -12,9 +12,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 from .scan import Finding, active_kinds, iter_strings, scan_text
+
+Learn = Callable[[str, str], None]  # (value, kind): told each finding's value, e.g. the output gate
 
 
 # ---- license -------------------------------------------------------------------------------
@@ -121,9 +123,10 @@ class Located:
         return f"{Path(self.file).name}:{self.line} {self.field}: {self.finding.where()}"
 
 
-def scan_file(path: Path, categories: frozenset[str]) -> Iterator[Located]:
+def scan_file(path: Path, categories: frozenset[str], learn: Optional[Learn] = None) -> Iterator[Located]:
     """JSONL rows field by field (a line that is not JSON is scanned as text); other text line by
-    line; parquet/csv through datasets, row by row. Binary files are passed over."""
+    line; parquet/csv through datasets, row by row. Binary files are passed over. ``learn(value,
+    kind)`` is told each value found (the output gate), which ``Located`` never carries."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix in (".parquet", ".csv") or (suffix == ".json" and _starts_with(path, b"[")):
@@ -132,7 +135,7 @@ def scan_file(path: Path, categories: frozenset[str]) -> Iterator[Located]:
         ds = datasets.load_dataset({".parquet": "parquet", ".csv": "csv", ".json": "json"}[suffix],
                                    data_files=str(path), split="train", keep_in_memory=True)
         for i, row in enumerate(ds):
-            yield from _scan_value(str(path), i + 1, row, categories)
+            yield from _scan_value(str(path), i + 1, row, categories, learn=learn)
         return
     if _is_binary(path):
         return
@@ -147,16 +150,18 @@ def scan_file(path: Path, categories: frozenset[str]) -> Iterator[Located]:
                 except ValueError:
                     value = None
                 if value is not None:
-                    yield from _scan_value(str(path), number, value, categories, kinds)
+                    yield from _scan_value(str(path), number, value, categories, kinds, learn)
                     continue
-            for finding in scan_text(line, categories, kinds):
-                yield Located(str(path), number, "text", finding)
+            yield from _scan_value(str(path), number, line, categories, kinds, learn, field="text")
 
 
-def _scan_value(file: str, line: int, value, categories, kinds=None) -> Iterator[Located]:
-    for field, text in iter_strings(value):
+def _scan_value(file: str, line: int, value, categories, kinds=None, learn: Optional[Learn] = None,
+                field: str = "") -> Iterator[Located]:
+    for path, text in iter_strings(value):
         for finding in scan_text(text, categories, kinds):
-            yield Located(file, line, field, finding)
+            if learn is not None:
+                learn(text[finding.start:finding.end], finding.kind)
+            yield Located(file, line, field or path, finding)
 
 
 def _starts_with(path: Path, prefix: bytes) -> bool:
@@ -169,7 +174,8 @@ def _is_binary(path: Path) -> bool:
         return b"\0" in handle.read(8192)
 
 
-def scan_files(paths: Iterable[Path], categories: frozenset[str]) -> tuple[list[Located], int, float]:
+def scan_files(paths: Iterable[Path], categories: frozenset[str],
+               learn: Optional[Learn] = None) -> tuple[list[Located], int, float]:
     """(findings, bytes scanned, seconds)."""
     start = time.perf_counter()
     found, scanned = [], 0
@@ -177,7 +183,7 @@ def scan_files(paths: Iterable[Path], categories: frozenset[str]) -> tuple[list[
         path = Path(path)
         if path.is_file():
             scanned += path.stat().st_size
-            found.extend(scan_file(path, categories))
+            found.extend(scan_file(path, categories, learn))
     return found, scanned, time.perf_counter() - start
 
 
@@ -190,12 +196,14 @@ class ScanResult:
     files: int
 
 
-def scan_paths(roots: Iterable[Path], categories: frozenset[str], allowlist: Optional[str]) -> ScanResult:
-    """Scan every file under ``roots`` once for every category; the allowlist read alongside."""
+def scan_paths(roots: Iterable[Path], categories: frozenset[str], allowlist: Optional[str],
+               learn: Optional[Callable[[str], None]] = None) -> ScanResult:
+    """Scan every file under ``roots`` once for every category; the allowlist read alongside.
+    ``learn`` receives each finding's value (the output gate), which no result carries."""
     from .scan import load_allowlist
 
     files = [p for p in walk(roots) if p.is_file()]
-    found, scanned, seconds = scan_files(files, categories)
+    found, scanned, seconds = scan_files(files, categories, learn=learn)
     return ScanResult(found, load_allowlist(allowlist), scanned, seconds, len(files))
 
 

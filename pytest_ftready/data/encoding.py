@@ -19,10 +19,11 @@ from __future__ import annotations
 import bisect
 import re
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable, Mapping, Optional
 
 from ..recipe.schema import CHAT_FORMATS
 from .layouts import Chat, Sample, read_sample
+from .redaction import redact_pieces, row_values
 from .rows import Row
 from .verify import IGNORE_INDEX, runs, sequence_problems, verify_turns
 
@@ -258,9 +259,19 @@ def mask_runs(tokenizer, encoded: Encoded, limit: Optional[int] = None) -> list[
     return runs
 
 
-def render_example(tokenizer, encoded: Encoded, limit: int = 400) -> str:
-    """Tokens side by side with their mask: trained tokens in [[...]], masked ones plain."""
-    text = "".join(_wrap(part, trained) for part, trained in mask_runs(tokenizer, encoded, limit))
+def redacted_runs(tokenizer, encoded: Encoded, limit: Optional[int] = None,
+                  known: Mapping[str, str] = {}) -> list[tuple[str, bool]]:
+    """``mask_runs`` with secrets and personal data redacted across the runs: the values are
+    found in the row's own strings and in the whole decoded window (plus ``known`` ones), and
+    a value cut short by truncation is redacted too."""
+    values = {**known, **row_values(encoded.row.data)}
+    return redact_pieces(mask_runs(tokenizer, encoded, limit), values, edges=True)
+
+
+def render_example(tokenizer, encoded: Encoded, limit: int = 400, known: Mapping[str, str] = {}) -> str:
+    """Tokens side by side with their mask: trained tokens in [[...]], masked ones plain
+    (secrets and personal data redacted)."""
+    text = "".join(_wrap(part, trained) for part, trained in redacted_runs(tokenizer, encoded, limit, known))
     return text + (" ..." if encoded.length > limit else "")
 
 

@@ -40,12 +40,22 @@ def read_rows(files) -> tuple[list[Row], list[RowProblem]]:
     for file in files:
         path = Path(file)
         suffix = path.suffix.lower()
-        if suffix in (".jsonl", ".ndjson") or (suffix == ".json" and _looks_like_jsonl(path)):
-            for line_no, line in _lines(path):
+        unreadable = _unreadable(path)
+        if unreadable:
+            problems.append(RowProblem(str(path), 0, "unreadable", unreadable))
+        elif suffix in (".jsonl", ".ndjson") or (suffix == ".json" and _looks_like_jsonl(path)):
+            for line_no, line, problem in _lines(path):
+                if problem:
+                    problems.append(RowProblem(str(path), line_no, *problem))
+                    continue
                 try:
                     rows.append(Row(str(path), line_no, json.loads(line)))
                 except json.JSONDecodeError as exc:
                     problems.append(RowProblem(str(path), line_no, "malformed", f"not valid JSON ({exc.msg} at column {exc.colno})"))
+                except RecursionError:
+                    problems.append(RowProblem(str(path), line_no, "malformed", "JSON nested too deeply to parse"))
+                except ValueError as exc:  # e.g. an integer longer than Python converts
+                    problems.append(RowProblem(str(path), line_no, "malformed", f"not valid JSON ({exc})"))
         elif suffix in (".json", ".parquet", ".csv"):
             builder = {".json": "json", ".parquet": "parquet", ".csv": "csv"}[suffix]
             try:
@@ -68,9 +78,48 @@ def _looks_like_jsonl(path: Path) -> bool:
     return not head.startswith(b"[")
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    with path.open(encoding="utf-8", errors="replace") as handle:
-        for number, line in enumerate(handle, start=1):
+MAX_LINE_BYTES = 16 * 1024 * 1024  # one row longer than this is reported, never held in memory
+_CHUNK = 1024 * 1024
+
+
+def _unreadable(path: Path) -> str:
+    """Why ``path`` cannot be read as a training file; '' when it can."""
+    if path.is_dir():
+        return "is a folder, not a file: list the files inside it in [data] train"
+    if not path.exists():
+        return "does not exist"
+    if path.stat().st_size == 0:
+        return "is empty: it holds no rows"
+    return ""
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str, tuple[str, str] | None]]:
+    """(line number, text, problem) of each non-blank line, read in bounded memory: a line
+    over MAX_LINE_BYTES or not valid UTF-8 comes with a (kind, detail) problem instead of
+    its text. A byte-order mark and CRLF line ends are accepted."""
+    with path.open("rb") as handle:
+        number = 0
+        while True:
+            raw = handle.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                return
+            number += 1
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                size = len(raw)
+                while (chunk := handle.readline(_CHUNK)) and not chunk.endswith(b"\n"):
+                    size += len(chunk)
+                size += len(chunk)
+                yield number, "", ("too_long", f"the line holds {size:,} bytes, more than the "
+                                                 f"{MAX_LINE_BYTES // 2**20} MiB a row may hold: split it or drop it")
+                continue
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield number, "", ("encoding", f"not valid UTF-8 (byte {exc.start + 1} of the line): "
+                                               "re-encode the file as UTF-8")
+                continue
             if line.strip():
-                yield number, line
+                yield number, line, None
 

@@ -23,7 +23,11 @@ PII_KINDS = frozenset({"email", "phone", "payment_card", "iban", "ip_address", "
 
 # Order matters: at one position the first alternative that matches wins.
 _PATTERNS = [
-    ("private_key", r"-----BEGIN (?:RSA |EC |DSA |OPENSSH |PGP |ENCRYPTED )?PRIVATE KEY(?: BLOCK)?-----"),
+    # The whole block: header, body (real or JSON-escaped newlines) and END line; a block cut
+    # short (truncation) still takes every body character that follows its header.
+    ("private_key", r"-----BEGIN (?:RSA |EC |DSA |OPENSSH |PGP |ENCRYPTED )?PRIVATE KEY(?: BLOCK)?-----"
+                    r"(?:(?!-----)[A-Za-z0-9+/=\s:,.-]|\\[nr])*"
+                    r"(?:-----END (?:RSA |EC |DSA |OPENSSH |PGP |ENCRYPTED )?PRIVATE KEY(?: BLOCK)?-----)?"),
     ("jwt", r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
     ("aws_access_key_id", r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA)[0-9A-Z]{16}\b"),
     ("gcp_api_key", r"\bAIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"),

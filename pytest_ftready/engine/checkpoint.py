@@ -192,14 +192,15 @@ def resume_in_fresh_process(recipe, folder: Path, steps: int, total: int, torch_
     ``steps`` more; their losses. A worker that fails, or outlives ``timeout_s``, is a Fail."""
     import os
     import subprocess
-    import sys
 
     import torch
 
     from ..outcomes import Fail
+    from . import worker
 
-    cmd = [sys.executable, "-m", "pytest_ftready.engine.worker", "resume", str(recipe.source), str(folder), str(steps),
-           str(total), torch_device, str(torch.get_num_threads())]
+    cmd = worker.command("resume", str(recipe.source), str(folder), str(steps), str(total), torch_device,
+                         str(torch.get_num_threads()))
+    # run() kills the worker on any exception while waiting: the check's time limit, Ctrl-C
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
                               env={**os.environ, "PYTHONUNBUFFERED": "1"})

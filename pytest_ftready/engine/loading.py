@@ -23,9 +23,28 @@ def torch_dtype(name: str):
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
+def refuse_remote_code(recipe: Recipe) -> None:
+    """A local model whose config maps classes to its own Python files (``auto_map``) would run
+    that code when loaded: refused, before transformers sees it, unless the recipe opts in."""
+    if recipe.model.trust_remote_code or not recipe.model.path:
+        return  # hub models: transformers itself refuses remote code without trust_remote_code
+    import json
+
+    for name in ("config.json", "tokenizer_config.json"):
+        path = Path(recipe.model.path) / name
+        try:
+            auto_map = json.loads(path.read_text(encoding="utf-8")).get("auto_map")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if auto_map:
+            raise ValueError(f"{path} maps classes to the model's own Python code (auto_map), which loading would "
+                             "run; read that code, then set [model] trust_remote_code = true in the recipe")
+
+
 def load_tokenizer(recipe: Recipe):
     from transformers import AutoTokenizer
 
+    refuse_remote_code(recipe)
     source, kwargs = model_source(recipe)
     tok = AutoTokenizer.from_pretrained(source, trust_remote_code=recipe.model.trust_remote_code, **kwargs)
     if recipe.data.chat_template:
@@ -51,6 +70,7 @@ def load_model(recipe: Recipe, torch_device: str, **overrides: Any):
     """The base causal LM in the recipe's dtype and attention kernel, on ``torch_device``."""
     from transformers import AutoModelForCausalLM
 
+    refuse_remote_code(recipe)
     source, kwargs = model_source(recipe)
     qconfig = quantization_config(recipe)
     options = dict(dtype=torch_dtype(recipe.model.dtype), attn_implementation=recipe.model.attn_implementation,

@@ -102,7 +102,6 @@ class TensorBytes:
 
     @contextmanager
     def watching(self) -> Iterator["TensorBytes"]:
-        import torch
         from torch.utils._python_dispatch import TorchDispatchMode
         from torch.utils._pytree import tree_flatten
 

@@ -47,9 +47,7 @@ def overfit(recipe, examples: Sequence, pad_id: int, torch_device: str, shared_b
             loss = train_step(model, optimizer, scheduler, batches, torch_device)
             losses.append(loss)
             if not math.isfinite(loss):
-                raise Fail(f"loss is {loss} at step {step}: no supervised tokens (labels all -100?), or a "
-                           f"learning rate too high for {recipe.model.dtype} (learning_rate = "
-                           f"{recipe.training.learning_rate})")
+                raise Fail(nonfinite_loss(loss, step, losses[:-1], recipe))
             if progress:
                 progress(f"model.overfit step {step}/{checks.overfit_steps}, loss {loss:.4f} "
                          f"(target {checks.overfit_loss})")
@@ -67,6 +65,19 @@ def overfit(recipe, examples: Sequence, pad_id: int, torch_device: str, shared_b
         model.save_pretrained(ensure_private_dir(save_to))
     return OverfitResult(losses, losses[-1] <= checks.overfit_loss, save_to, list(prompt_ids), answer, example_where,
                          checks.overfit_loss, recipe.training.learning_rate)
+
+
+def nonfinite_loss(loss: float, step: int, before: list, recipe) -> str:
+    """Why the loss became nan/inf at ``step``: from the start, or diverging mid-run."""
+    if not before:
+        overflow = ("float16 overflows from the start: train in bfloat16" if recipe.model.dtype == "float16"
+                    else "the model's weights produce nan/inf from the start (a broken checkpoint?)")
+        return (f"loss is {loss} at step 1 of the overfit: a batch with no supervised token (labels all -100), "
+                f"or {overflow}")
+    return (f"loss is {loss} at step {step} of the overfit (step {step - 1}: {before[-1]:.4g}): training "
+            f"diverged; likely learning_rate = {recipe.training.learning_rate} is too high for "
+            f"{recipe.model.dtype}, or float16 overflowed: lower the learning rate, train in bfloat16, or clip "
+            "gradients")
 
 
 def slope(values: Sequence[float]) -> float:

@@ -7,10 +7,15 @@ import json
 import sys
 
 
+def command(*args: str) -> list[str]:
+    """The argv that runs this module in a fresh interpreter."""
+    return [sys.executable, "-m", "pytest_ftready.engine.worker", *args]
+
+
 def main(argv: list[str]) -> int:
-    command, recipe_path, folder, steps, total, device, threads = argv
-    if command != "resume":
-        print(json.dumps({"error": f"unknown command {command}"}))
+    what, recipe_path, folder, steps, total, device, threads = argv
+    if what != "resume":
+        print(json.dumps({"error": f"unknown command {what}"}))
         return 2
     import torch
 

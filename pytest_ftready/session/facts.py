@@ -25,9 +25,8 @@ class Failed:
 
     def raise_for(self, asker: Optional[str]) -> None:
         if isinstance(self.error, Skip) or asker == self.first_asked_by or self.first_asked_by is None:
-            raise type(self.error)(str(self.error))
-        raise Skip(f"{self.first_asked_by} failed computing the {self.fact.replace('_', ' ')} this check needs: "
-                   f"{self.error}")
+            raise self.error.with_traceback(None)
+        raise Skip(f"{self.first_asked_by} failed: {self.error}")
 
 
 class fact(Generic[T]):

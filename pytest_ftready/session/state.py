@@ -15,6 +15,7 @@ from ..machine.devices import Device, resolve_device
 from ..machine.probes import Machine
 from ..recipe.schema import Recipe
 from ..outcomes import Fail
+from ..outputs.gate import Gate
 from ..outputs.measurements import Measurement
 from .facts import computed, fact
 
@@ -32,6 +33,7 @@ class RunState:
     hub_timeout_s: float = 10.0
     hub_factory: Optional[Callable[[], Any]] = None  # -> hub.Hub; default: the real hub and its cache
     free_bytes: Optional[Callable[[Path], int]] = None  # -> free bytes on a path's disk (tests: a small disk)
+    gate: Gate = field(default_factory=Gate)  # every output passes through it (outputs/gate.py)
     telemetry_factory: Optional[Callable[..., Any]] = None  # (device, machine) -> (sources, missing); tests: fake NVML
     progress: Optional[Callable[[str], None]] = None  # a line for the terminal while long work runs
     pipeline_hook: Optional[Callable[..., Any]] = None  # (recipe, tokenizer) -> the team's pipeline or None
@@ -102,6 +104,17 @@ class RecipeState:
     @property
     def machine(self) -> Machine:
         return self.run.machine
+
+    @cached_property
+    def scratch(self) -> Path:
+        """This run's own working folder inside the artifacts folder (checkpoints, trained
+        weights): two runs sharing an artifacts folder never touch each other's work. The
+        plugin removes it at the end of the session."""
+        import tempfile
+
+        from ..files import ensure_private_dir
+
+        return Path(tempfile.mkdtemp(prefix=".run-", dir=ensure_private_dir(self.artifacts)))
 
     @cached_property
     def device(self) -> Device:
@@ -242,7 +255,7 @@ class RecipeState:
         first = examples[0]
         return overfit(self.recipe, examples, self.tokenizer.pad_token_id, self.torch_device, self.shared_base,
                        prompt_ids=self.encoder.prompt_ids(first.row), stop_ids=self.encoder.stop_ids,
-                       save_to=self.artifacts / "overfit-weights", example_where=first.row.where,
+                       save_to=self.scratch / "overfit-weights", example_where=first.row.where,
                        progress=self.progress)
 
     @fact
@@ -253,7 +266,7 @@ class RecipeState:
         steps = max(2, self.recipe.checks.resume_steps // 2 * 2)
         self.progress(f"training {steps} + {steps // 2} steps for the resume check", force=True)
         return straight_and_half(self.recipe, self.training_examples(), self.tokenizer.pad_token_id,
-                                 self.torch_device, self.shared_base, self.artifacts / "resume-checkpoint", steps,
+                                 self.torch_device, self.shared_base, self.scratch / "resume-checkpoint", steps,
                                  exact=not self.device.is_accelerator)
 
     @fact
@@ -310,7 +323,8 @@ class RecipeState:
         from ..data.audit import scan_paths
 
         return scan_paths([*self.recipe.data.train, *self.recipe.privacy.scan_paths],
-                          frozenset(self.recipe.privacy.scan), self.recipe.privacy.allowlist)
+                          frozenset(self.recipe.privacy.scan), self.recipe.privacy.allowlist,
+                          learn=self.run.gate.learn_one)
 
     def computed(self, name: str) -> Any:
         """A fact some check already computed, else None (e.g. the sustained rate, if measured)."""

@@ -57,7 +57,7 @@ def test_labels_all_ignored_fail_overfit_with_a_non_finite_loss(make_state, run_
     state = make_state()
     state.trainable_examples = [dataclasses.replace(e, labels=(IGNORE_INDEX,) * e.length)
                                 for e in state.trainable_examples]
-    with pytest.raises(Fail, match="loss is nan at step 1: no supervised tokens"):
+    with pytest.raises(Fail, match=r"loss is nan at step 1 of the overfit: a batch with no supervised token \(labels all -100\)"):
         run_check(state, "model.overfit")
 
 

@@ -1,0 +1,42 @@
+"""Faults: two runs sharing one artifacts folder at once; pytest -n (pytest-xdist)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_two_runs_sharing_an_artifacts_folder_never_use_each_others_checkpoint(make_state, run_check, tiny_example,
+                                                                               real_machine, monkeypatch):
+    from pytest_ftready.engine import checkpoint
+    from pytest_ftready.recipe.schema import load_recipe
+    from pytest_ftready.session.state import RunState
+
+    first = make_state()
+    other_recipe = tiny_example / "recipe-b.toml"  # same name, other seed: another team member's run
+    other_recipe.write_text((tiny_example / "recipe.toml").read_text().replace("seed = 42", "seed = 7"))
+    second = RunState(artifacts_root=first.run.artifacts_root,
+                      machine_factory=lambda: real_machine).recipe_state(load_recipe(other_recipe))
+    assert first.artifacts == second.artifacts
+
+    real_resume = checkpoint.resume_in_fresh_process
+    interleaved = []
+
+    def second_run_saves_in_between(recipe, folder, *args):
+        if not interleaved:  # the first run saved its checkpoint; the second run does its whole resume now
+            interleaved.append(folder)
+            run_check(second, "lifecycle.resume")
+        return real_resume(recipe, folder, *args)
+
+    monkeypatch.setattr(checkpoint, "resume_in_fresh_process", second_run_saves_in_between)
+    run_check(first, "lifecycle.resume")  # would resume the other run's state if they shared a folder
+    assert first.scratch != second.scratch and first.scratch.parent == second.scratch.parent == first.artifacts
+    assert interleaved[0].parent == first.scratch
+
+
+def test_pytest_n_is_refused_with_one_line(pytester, tiny_example):
+    pytest.importorskip("xdist")
+    result = pytester.runpytest_subprocess(f"--ftready={tiny_example / 'recipe.toml'}", "-n", "2")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [line for line in result.stderr.lines if line.strip()]
+    assert errors == ["ERROR: ftready: the checks of a recipe share one loaded model and run in order in one process; "
+                      "run them without -n (pytest-xdist), e.g. -n 0"]
