@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 
 from .checks.registry import CheckSpec, all_checks
+from .kinds import thresholds
 from .outcomes import Fail, Skip
 from .recipe.schema import RecipeError, _did_you_mean, load_recipe
 
 RUN_KEY = pytest.StashKey["RunState"]()
+GATE_KEY = pytest.StashKey["Gate"]()  # outputs.regression.Gate, set only when a baseline is given
 
 
 def _check_function(request) -> None:
@@ -40,7 +42,7 @@ class RecipeFile(pytest.File):
         for spec, param_id, param in _expand(specs, recipe):
             name = prefix + spec.id + (f"[{param_id}]" if param_id else "")
             item = CheckItem.from_parent(self, name=name, callobj=_check_function, spec=spec, recipe=recipe,
-                                         param=param)
+                                         param=param, case=param_id)
             item.add_marker("ftready")
             item.add_marker(f"ftready_{spec.area}")
             if spec.accelerator:
@@ -63,11 +65,12 @@ def _expand(specs, recipe):
 
 
 class CheckItem(pytest.Function):
-    def __init__(self, *, spec: CheckSpec, recipe, param=None, **kwargs) -> None:
+    def __init__(self, *, spec: CheckSpec, recipe, param=None, case: str = "", **kwargs) -> None:
         super().__init__(**kwargs)
         self.spec = spec
         self.recipe = recipe
         self.param = param
+        self.case = case
 
     @property
     def state(self):
@@ -107,7 +110,7 @@ class CheckItem(pytest.Function):
         if self.config.pluginmanager.hasplugin("benchmark"):
             bench = lambda: request.getfixturevalue("benchmark")  # noqa: E731 - lazily, only when timing
         ctx = CheckContext(state, self.spec, self.user_properties, bench,
-                           request.getfixturevalue("record_testsuite_property"), param=self.param)
+                           request.getfixturevalue("record_testsuite_property"), param=self.param, case=self.case)
         verdict = None
         try:
             self.spec.body(ctx)
@@ -117,6 +120,10 @@ class CheckItem(pytest.Function):
             verdict = (pytest.skip, redact(str(exc)))
         finally:
             ctx.finish()
+        gate = self.config.stash.get(GATE_KEY, None)  # a figure worse than the baseline fails the check
+        regressed = gate.judge(ctx.measured, thresholds(self.recipe.checks.max_regression)) if gate else ""
+        if regressed and (verdict is None or verdict[0] is pytest.fail):
+            verdict = (pytest.fail, f"{verdict[1]}\n{regressed}" if verdict else regressed)
         if verdict is not None:  # raised outside the handler: the report shows the message once
             outcome, message = verdict
             if outcome is pytest.fail:

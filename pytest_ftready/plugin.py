@@ -9,7 +9,7 @@ import pytest
 from . import hookspec, options
 from .outputs import measurements, report
 from .files import write_json, write_private
-from .collect import RUN_KEY, RecipeFile
+from .collect import GATE_KEY, RUN_KEY, RecipeFile
 from .session.state import RunState
 
 MARKERS = {
@@ -75,6 +75,17 @@ def _machine(config):
     return machine
 
 
+def pytest_sessionstart(session) -> None:
+    from .outputs.regression import BaselineError
+
+    try:
+        gate = options.regression_gate(session.config)
+    except BaselineError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if gate is not None:
+        session.config.stash[GATE_KEY] = gate
+
+
 def pytest_report_header(config) -> list[str]:
     recipes = options.recipe_paths(config)
     if not recipes.value:
@@ -134,6 +145,8 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
         terminalreporter.write_sep("-", "ftready measurements")
         for line in measurements.summary_lines(run.measurements):
             terminalreporter.write_line(line)
+    if GATE_KEY in config.stash:
+        terminalreporter.write_line(config.stash[GATE_KEY].summary())
 
 
 def pytest_sessionfinish(session) -> None:

@@ -13,9 +13,11 @@ from .state import RecipeState
 class CheckContext:
     def __init__(self, state: RecipeState, spec: CheckSpec, user_properties: Optional[list] = None,
                  benchmark: Optional[Callable[[], Any]] = None,
-                 suite_property: Optional[Callable[[str, Any], None]] = None, param: Any = None) -> None:
+                 suite_property: Optional[Callable[[str, Any], None]] = None, param: Any = None,
+                 case: str = "") -> None:
         self.state = state
         self.param = param
+        self.case = case  # the variant's id of a parametrized check, kept with its measurements
         self.spec = spec
         self.user_properties = user_properties if user_properties is not None else []
         self._benchmark_factory = benchmark
@@ -48,7 +50,7 @@ class CheckContext:
             from ..data.scan import redact
 
             value = redact(value)
-        m = self.state.record(self.spec.id, name, value, unit, estimate)
+        m = self.state.record(self.spec.id, name, value, unit, estimate, case=self.case)
         self.user_properties.append((m.key, value))
         self.measured.append(m)
         return value

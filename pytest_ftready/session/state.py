@@ -153,8 +153,9 @@ class RecipeState:
 
         return self._load_once("model", lambda: load_model(self.recipe, self.device.torch_device))
 
-    def record(self, check: str, name: str, value: Any, unit: str, estimate: bool = False) -> Measurement:
-        m = Measurement(recipe=self.recipe.name, check=check, name=name, value=value, unit=unit, estimate=estimate)
+    def record(self, check: str, name: str, value: Any, unit: str, estimate: bool = False, case: str = "") -> Measurement:
+        m = Measurement(recipe=self.recipe.name, check=check, name=name, value=value, unit=unit, estimate=estimate,
+                        case=case)
         self.run.measurements.append(m)
         return m
 
