@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import pytest
 
 from .checks.registry import CheckSpec, all_checks
@@ -11,6 +13,7 @@ from .recipe.schema import RecipeError, _did_you_mean, load_recipe
 
 RUN_KEY = pytest.StashKey["RunState"]()
 GATE_KEY = pytest.StashKey["Gate"]()  # outputs.regression.Gate, set only when a baseline is given
+COLLECTED_KEY = pytest.StashKey[list]()  # every CheckItem collected, before -k/-m deselect any
 
 
 def _check_function(request) -> None:
@@ -52,6 +55,7 @@ class RecipeFile(pytest.File):
             reason = recipe.checks.skip.get(spec.id) or (spec.applies(recipe) if spec.applies else None)
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
+            self.config.stash.setdefault(COLLECTED_KEY, []).append(item)
             yield item
 
 
@@ -71,6 +75,15 @@ class CheckItem(pytest.Function):
         self.recipe = recipe
         self.param = param
         self.case = case
+        self.verdict: Optional[tuple[str, str]] = None  # (outcome, reason) for the report and CI summary
+
+    def record_verdict(self, report) -> None:
+        """Keep what a phase's report says: a setup skip or error, the call, a teardown error."""
+        if report.passed and report.when != "call":
+            return
+        outcome = "error" if report.failed and report.when != "call" else report.outcome
+        if self.verdict is None or outcome == "error":
+            self.verdict = (outcome, _reason(report))
 
     @property
     def state(self):
@@ -129,3 +142,52 @@ class CheckItem(pytest.Function):
             if outcome is pytest.fail:
                 pytest.fail(message, pytrace=False)
             pytest.skip(message)
+
+
+def _reason(report) -> str:
+    longrepr = report.longrepr
+    if report.passed or longrepr is None:
+        return ""
+    if isinstance(longrepr, tuple):  # a skip: (path, line, "Skipped: reason")
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    crash = getattr(longrepr, "reprcrash", None)
+    if crash is not None and getattr(report, "when", "") == "call" and "Failed: " not in crash.message:
+        return crash.message  # an unexpected exception: its type and message, not the traceback
+    return str(longrepr).removeprefix("Failed: ")
+
+
+def recipe_runs(config, selected: list) -> list:
+    """The plain records (``outputs.records.RecipeRun``) of each recipe of this session."""
+    import json
+
+    from .data.scan import redact
+    from .options import nightly_requested
+    from .outputs.records import NIGHTLY_DEFAULT, NOT_SELECTED, CheckRow, RecipeRun
+
+    run = config.stash[RUN_KEY]
+    gate = config.stash.get(GATE_KEY, None)
+    chosen = {id(item) for item in selected}
+    rows: dict = {}
+    for item in config.stash.get(COLLECTED_KEY, []):
+        check_id = item.spec.id + (f"[{item.case}]" if item.case else "")
+        if item.verdict is not None:
+            row = CheckRow(check_id, item.spec.area, item.verdict[0], redact(item.verdict[1]))
+        elif id(item) in chosen:
+            row = CheckRow(check_id, item.spec.area, "not run", why_not="the session stopped before it ran")
+        else:
+            nightly = item.spec.nightly and not nightly_requested(config)
+            row = CheckRow(check_id, item.spec.area, "not run", why_not=NIGHTLY_DEFAULT if nightly else NOT_SELECTED)
+        rows.setdefault(item.recipe.source, []).append(row)
+    out = []
+    for source, state in run.recipes.items():
+        name = state.recipe.name
+        checks = rows.get(source, [])
+        env_ran = any(c.id == "repro.environment" and c.outcome == "passed" for c in checks)
+        env_file = state.artifacts / "environment.json"
+        out.append(RecipeRun(
+            name=name, checks=checks, measurements=[m for m in run.measurements if m.recipe == name],
+            series=state.series, settings=state.recipe.to_dict(),
+            regressions=[r for r in (gate.found if gate else []) if r.recipe == name],
+            baseline=str(gate.baseline.source) if gate else "",
+            environment=json.loads(env_file.read_text()) if env_ran and env_file.is_file() else None))
+    return out

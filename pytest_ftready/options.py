@@ -104,3 +104,8 @@ def regression_gate(config):
         return None  # pytest-benchmark warns about a missing file itself; a run saved without --ftready has no figures
     where = Path(getattr(bench.storage, "path", "")) / saved[-1][0]  # file storage yields paths relative to its folder
     return Gate(baseline_from(saved[-1][1], where))
+
+
+def nightly_requested(config) -> bool:
+    """Whether this run asked for the nightly checks (--ftready-nightly, or -m naming nightly)."""
+    return bool(config.getoption("ftready_nightly")) or "nightly" in (config.getoption("markexpr") or "")

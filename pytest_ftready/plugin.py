@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from . import hookspec, options
-from .outputs import measurements, report
-from .files import write_json, write_private
-from .collect import GATE_KEY, RUN_KEY, RecipeFile
+from .outputs import measurements, report, summary
+from .files import write_json
+from .collect import GATE_KEY, RUN_KEY, RecipeFile, recipe_runs
 from .session.state import RunState
 
 MARKERS = {
@@ -109,8 +109,7 @@ def pytest_collect_file(file_path: Path, parent):
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    markexpr = config.getoption("markexpr") or ""
-    if config.getoption("ftready_nightly") or "nightly" in markexpr:
+    if options.nightly_requested(config):
         return
     keep, drop = [], []
     for item in items:
@@ -136,6 +135,8 @@ def pytest_runtest_makereport(item, call):
     report = yield
     if report.skipped and hasattr(item, "spec") and isinstance(report.longrepr, tuple):
         report.longrepr = (str(item.path), None, report.longrepr[2])  # point at the recipe, not at plugin code
+    if hasattr(item, "spec"):
+        item.record_verdict(report)
     return report
 
 
@@ -153,13 +154,14 @@ def pytest_sessionfinish(session) -> None:
     run = session.config.stash.get(RUN_KEY, None)
     if run is None:
         return
-    for state in run.recipes.values():
-        mine = [m for m in run.measurements if m.recipe == state.recipe.name]
-        write_json(state.artifacts / "measurements.json", measurements.measurements_payload(mine))
+    records = recipe_runs(session.config, getattr(session, "items", []))
+    reports = {}
+    for state, record in zip(run.recipes.values(), records):
+        write_json(state.artifacts / "measurements.json", measurements.measurements_payload(record.measurements))
         if state.series:
             write_json(state.artifacts / "series.json", state.series)
-        write_private(state.artifacts / "report.html",
-                             report.html_report(state.recipe.name, mine, state.series, state.outcomes))
+        reports[record.name] = report.write_report(state.artifacts, record)
+    summary.append_step_summary(records, reports)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import html
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Iterable
 
-from ..data.encoding import mask_runs, render_example
+from ..data.encoding import render_example
+from ..data.token_view import token_view
+from ..outputs.report import masking_page
 from ..files import write_private
 from ..units import percentile
 from ..data.rows import row_problems
@@ -67,24 +68,6 @@ def padding_waste(lengths: list[int], micro_batch: int) -> float:
         total += sum(batch)
         padded += max(batch) * len(batch)
     return 0.0 if padded == 0 else 1.0 - total / padded
-
-
-def masking_report(tokenizer, examples: list, method: str) -> str:
-    """HTML: each example's tokens, trained ones highlighted (personal data and secrets redacted)."""
-    blocks = []
-    for enc in examples:
-        pieces = [_span(text, trained) for text, trained in mask_runs(tokenizer, enc)]
-        issues = "".join(f"<li>{html.escape(kind)}: {html.escape(redact(detail))}</li>" for kind, detail in enc.problems)
-        blocks.append(f"<h3>{html.escape(enc.row.where)}: {enc.trained} of {enc.length} tokens trained</h3>"
-                      f"<pre>{''.join(pieces)}</pre><ul>{issues}</ul>")
-    return ("<!doctype html><meta charset='utf-8'><title>ftready: loss masking</title>"
-            "<style>pre{white-space:pre-wrap}.t{background:#c8f7c5}.m{color:#888}</style>"
-            f"<h1>Loss masking</h1><p>Trained spans found by: <b>{html.escape(method)}</b>. "
-            "Green: carries loss. Grey: masked (-100).</p>" + "".join(blocks))
-
-
-def _span(text: str, trained: bool) -> str:
-    return f"<span class='{'t' if trained else 'm'}'>{html.escape(redact(text))}</span>"
 
 
 # ---- checks -----------------------------------------------------------------------------
@@ -149,7 +132,9 @@ def data_masking(ctx) -> None:
     state, recipe = ctx.state, ctx.recipe
     encoded = encoded_rows(ctx, "check")
     sample = [e for e in encoded if e.problems][: recipe.data.sample] or encoded[: recipe.data.sample]
-    report = write_private(state.artifacts / "masking.html", masking_report(state.tokenizer, sample, state.encoder.method))
+    views = [token_view(state.tokenizer, e) for e in sample]  # redacted; the report draws them too
+    ctx.series("examples", views)
+    report = write_private(state.artifacts / "masking.html", masking_page(views, state.encoder.method))
     ctx.user_properties.append(("masking_report", str(report)))
     ctx.measure("trained_span_method", state.encoder.method, "")
     trained = sum(e.trained for e in encoded)

@@ -41,13 +41,18 @@ class Regression:
     threshold: float
 
     @property
+    def relative(self) -> float:
+        """The signed change, after against before (+0.25 = a quarter more)."""
+        return (self.after - self.before) / self.before
+
+    @property
     def check_id(self) -> str:
         return f"{self.check}[{self.case}]" if self.case else self.check
 
     def text(self) -> str:
         """'peak_tensor_bytes regressed 31.2% (worse than max_regression.peak_device_bytes 10%): 1.20 MiB before, 1.57 MiB now'."""
         direction = "rose" if self.after > self.before else "fell"
-        return (f"{self.name} {direction} {abs(self.after - self.before) / abs(self.before):.1%}, worse than "
+        return (f"{self.name} {direction} {abs(self.relative):.1%}, worse than "
                 f"max_regression.{self.kind} {self.threshold:.0%}: {format_value(self.before, self.unit)} before, "
                 f"{format_value(self.after, self.unit)} now")
 
