@@ -50,7 +50,8 @@ class Regression:
         return f"{self.check}[{self.case}]" if self.case else self.check
 
     def text(self) -> str:
-        """'peak_tensor_bytes regressed 31.2% (worse than max_regression.peak_device_bytes 10%): 1.20 MiB before, 1.57 MiB now'."""
+        """'peak_tensor_bytes rose 30.8%, worse than max_regression.peak_device_bytes 10%: 1.20 MiB before,
+        1.57 MiB now' (one line)."""
         direction = "rose" if self.after > self.before else "fell"
         return (f"{self.name} {direction} {abs(self.relative):.1%}, worse than "
                 f"max_regression.{self.kind} {self.threshold:.0%}: {format_value(self.before, self.unit)} before, "
@@ -121,7 +122,9 @@ def gated(baseline: Baseline, measured: Iterable[Measurement], thresholds: Mappi
             continue
         kind = kind_of(m.name, m.unit)
         before = baseline.get(m)
-        if kind is not None and kind.name in thresholds and before is not None and before[1] == m.unit and before[0] > 0:
+        if kind is None or kind.name not in thresholds or before is None:
+            continue
+        if before[1] == m.unit and before[0] > 0:  # a zero baseline has no relative change
             yield m, kind, before[0]
 
 

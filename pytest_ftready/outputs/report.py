@@ -31,8 +31,9 @@ header{background:#1d2330;color:#fff;padding:18px 28px}header h1{margin:0 0 6px;
 header p{margin:2px 0}main{padding:8px 28px 40px;max-width:1100px}
 section{background:#fff;border:1px solid #dde1e7;border-radius:6px;padding:12px 18px;margin:16px 0}
 h2{font-size:18px;margin:4px 0 10px}h3{font-size:14px;margin:12px 0 4px}
-table{border-collapse:collapse;font-size:13px;margin:6px 0}td,th{padding:3px 10px;border-bottom:1px solid #eceef2;
-text-align:left;vertical-align:top}th{background:#f0f2f5}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+table{border-collapse:collapse;font-size:13px;margin:6px 0;max-width:100%}
+td,th{padding:3px 10px;border-bottom:1px solid #eceef2;text-align:left;vertical-align:top;overflow-wrap:break-word}
+th{background:#f0f2f5}td.num{text-align:right;font-variant-numeric:tabular-nums}.n{white-space:nowrap}
 .badge{display:inline-block;padding:1px 7px;border-radius:9px;font-size:12px;font-weight:600;white-space:nowrap}
 .passed{background:#d8f3dc;color:#1b5e20}.failed,.error{background:#fbd5d0;color:#8e1b10}
 .skipped{background:#fdf0c4;color:#6b5200}.not-run{background:#e6e8ec;color:#4a5060}
@@ -48,6 +49,12 @@ font-size:12px;color:#333}.absent{color:#667;font-style:italic}
 
 def esc(value: Any) -> str:
     return html.escape(str(value), quote=True)
+
+
+def value(m) -> str:
+    """A measurement for a table cell: numbers kept on one line, text free to wrap."""
+    text = esc(format_value(m.value, m.unit) + (" (estimate)" if m.estimate else ""))
+    return text if isinstance(m.value, str) else f"<span class='n'>{text}</span>"
 
 
 def badge(outcome: str) -> str:
@@ -94,7 +101,8 @@ def verdicts(run: RecipeRun) -> str:
     for area in run.areas():
         n = area.counts
         tally = ", ".join(f"{n[k]} {k}" for k in ("failed", "error", "passed", "skipped", "not run") if n[k])
-        rows.append(f"<tr class='area'><td>{esc(area.area)}</td><td>{badge(area.verdict)}</td><td>{esc(tally)}</td></tr>")
+        rows.append(f"<tr class='area'><td>{esc(area.area)}</td><td>{badge(area.verdict)}</td>"
+                    f"<td>{esc(tally)}</td></tr>")
         rows += [f"<tr><td>&nbsp;&nbsp;{esc(c.id)}</td><td>{badge(c.outcome)}</td><td>{_reason(c)}</td></tr>"
                  for c in run.checks if c.area == area.area]
     return _section("verdicts", "Verdicts by area",
@@ -174,7 +182,7 @@ def lengths(run: RecipeRun) -> str:
     chart = histogram(values, "Tokens per row (before truncation)", "tokens per row", marker=max_length,
                       marker_label=f"max_length {max_length}", note=note)
     figures = [m for m in run.measurements if m.check == "data.lengths" and m.unit in ("tokens", "share")]
-    table = _table(("figure", "value"), [(esc(m.name), esc(format_value(m.value, m.unit))) for m in figures], (1,))
+    table = _table(("figure", "value"), [(esc(m.name), value(m)) for m in figures], (1,))
     return _section("lengths", "Example lengths", chart + table)
 
 
@@ -192,8 +200,7 @@ def memory(run: RecipeRun) -> str:
     figures = [m for m in run.measurements if m.check == check and m.unit == "bytes"]
     note = ("<p>Gradients: one per trainable parameter (the trainable parameters' bytes). Activations and "
             "workspace: the peak less weights, gradients and optimizer state (an estimate).</p>")
-    table = _table(("figure", "value"), [(esc(m.name + (" (estimate)" if m.estimate else "")),
-                                          esc(format_value(m.value, m.unit))) for m in figures], (1,))
+    table = _table(("figure", "value"), [(esc(m.name), value(m)) for m in figures], (1,))
     return _section("memory", "Memory", chart + note + table)
 
 
@@ -202,7 +209,8 @@ def overfit(run: RecipeRun) -> str:
     if not losses:
         return _section("overfit", "Overfit of a tiny sample", _absent(run, "model.overfit", "loss curve"))
     target = run.settings.get("checks", {}).get("overfit_loss")
-    chart = lines([("loss", [(i + 1, v) for i, v in enumerate(losses)])], "Overfit loss per step", "step", "loss (nats)",
+    chart = lines([("loss", [(i + 1, v) for i, v in enumerate(losses)])], "Overfit loss per step", "step",
+                  "loss (nats)",
                   limit=target, limit_label=f"overfit_loss {target}" if target is not None else "")
     return _section("overfit", "Overfit of a tiny sample", chart)
 
@@ -230,7 +238,8 @@ def sustained(run: RecipeRun) -> str:
     missing = run.find("sustained.throughput", "telemetry_missing")
     note = ""
     if len(charts) == 1:
-        note = f"<p class='absent'>No temperature, clock or power readings: {esc(missing.value if missing else 'none')}.</p>"
+        why = missing.value if missing else "none recorded"
+        note = f"<p class='absent'>No temperature, clock or power readings: {esc(why)}.</p>"
     throttle = run.find("sustained.thermal", "throttle_reasons")
     if throttle is not None:
         note += f"<p>Throttle events: {esc(throttle.value)}.</p>"
@@ -246,9 +255,10 @@ def levers(run: RecipeRun) -> str:
         got = {m.name: m for m in run.measurements if m.check == "levers.sweep" and m.case == case}
 
         def cell(name: str) -> str:
-            return esc(format_value(got[name].value, got[name].unit)) if name in got else ""
+            return value(got[name]) if name in got else ""
         oom = "out of memory" if "out_of_memory" in got else ""
-        rows.append((esc(case) + (" (as written)" if case == "recipe" else ""), badge(c.outcome),
+        variant = f"<span class='n'>{esc(case)}</span>" + (" (as written)" if case == "recipe" else "")
+        rows.append((variant, badge(c.outcome),
                      cell("peak_memory") or oom, cell("tokens_per_s"), cell("step_seconds"),
                      esc(c.first_line or c.why_not)))
     body = (_table(("variant", "verdict", "peak memory", "tokens/s", "step", "note"), rows, numeric=(2, 3, 4))
@@ -256,7 +266,8 @@ def levers(run: RecipeRun) -> str:
     saves = [m for m in run.measurements if m.check == "levers.advice" and m.name.startswith("saves[")]
     if saves:
         body += "<h3>What each lever would save (estimates)</h3>" + _table(
-            ("lever", "saves"), [(esc(m.name[6:-1]), esc(human_bytes(m.value))) for m in saves], (1,))
+            ("lever", "saves"), [(esc(m.name[6:-1]), f"<span class='n'>{esc(human_bytes(m.value))}</span>")
+                                 for m in saves], (1,))
     return _section("levers", "Lever sweep", body)
 
 
@@ -280,9 +291,8 @@ def environment(run: RecipeRun) -> str:
 
 
 def measurements(run: RecipeRun) -> str:
-    rows = [(esc(m.check + (f"[{m.case}]" if m.case else "")), esc(m.name),
-             esc(format_value(m.value, m.unit) + (" (estimate)" if m.estimate else ""))) for m in run.measurements]
-    return _section("measurements", "All measurements", _table(("check", "name", "value"), rows, (2,)) if rows
+    rows = [(esc(m.check + (f"[{m.case}]" if m.case else "")), esc(m.name), value(m)) for m in run.measurements]
+    return _section("measurements", "All measurements", _table(("check", "name", "value"), rows) if rows
                     else "<p class='absent'>No measurement was recorded.</p>")
 
 

@@ -56,7 +56,8 @@ def test_the_github_workflow_wires_runners_reports_and_the_baseline():
 
 def test_the_gitlab_job_runs_the_same_commands():
     flow = yaml.safe_load((CI / "gitlab-ftready.yml").read_text())
-    gitlab = [line for job in ("ftready:cheap", "ftready:gpu") for line in flow[job]["script"] if line.startswith("pytest ")]
+    gitlab = [line for job in ("ftready:cheap", "ftready:gpu") for line in flow[job]["script"]
+              if line.startswith("pytest ")]
     assert gitlab == [line for job in github()["jobs"].values() for s in job["steps"]
                       for line in pytest_lines(s.get("run", ""))]
     assert flow["ftready:gpu"]["tags"] == ["gpu"] and flow["ftready:gpu"]["cache"]["paths"] == [".benchmarks/"]
