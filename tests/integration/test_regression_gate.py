@@ -22,6 +22,8 @@ def peak_figures(artifacts):
 
 def test_a_larger_micro_batch_fails_step_memory_against_last_nights_figures(pytester, tiny_example, edit_recipe):
     recipe = f"--ftready={tiny_example / 'recipe.toml'}"
+    # this shared CPU's step time varies several-fold under load; peak memory does not
+    edit_recipe(tiny_example / "recipe.toml", max_regression="{ peak_device_bytes = 0.10, tokens_per_s = 0.95 }")
     first = pytester.runpytest_subprocess(recipe, "-k", "step_memory", "--ftready-artifacts=night1",
                                           "--benchmark-autosave")
     first.assert_outcomes(passed=1)
