@@ -160,8 +160,9 @@ def pytest_sessionfinish(session) -> None:
         write_json(state.artifacts / "measurements.json", measurements.measurements_payload(record.measurements))
         if state.series:
             write_json(state.artifacts / "series.json", state.series)
-        reports[record.name] = report.write_report(state.artifacts, record)
-    summary.append_step_summary(records, reports)
+        if record.ran():  # --collect-only, or a session stopped before any check: no report to replace
+            reports[record.name] = report.write_report(state.artifacts, record)
+    summary.append_step_summary([r for r in records if r.ran()], reports)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -31,10 +31,14 @@ class CheckRow:
 
     @property
     def fix_line(self) -> str:
-        """The line of a failure that says what to change ('Fix: ...', 'Levers ...'), if it has one
-        besides its first line."""
+        """The line of a failure that says what to change ('Fix: ...', 'Levers ...:' with its
+        first lever), if it has one besides its first line."""
         lines = [line.strip() for line in self.reason.strip().splitlines()[1:]]
-        return next((line for line in lines if line.lower().startswith(("fix", "levers", "use ", "set "))), "")
+        for i, line in enumerate(lines):
+            if line.lower().startswith(("fix", "levers", "use ", "set ")):
+                follow = lines[i + 1] if line.endswith(":") and i + 1 < len(lines) else ""
+                return f"{line} {follow}".strip()
+        return ""
 
 
 @dataclass(frozen=True)

@@ -51,3 +51,4 @@ def test_a_missing_baseline_is_a_usage_error_naming_it(pytester, tiny_example):
     result = pytester.runpytest_subprocess(f"--ftready={tiny_example / 'recipe.toml'}", "--ftready-baseline=gone.json")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*ftready baseline {pytester.path / 'gone.json'} not found*"])
+

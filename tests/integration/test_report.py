@@ -54,6 +54,13 @@ def test_a_k_run_writes_a_partial_report_and_keeps_the_full_one(tiny_report):
     assert "not selected by this run (-k, -m or node ids)" in partial
 
 
+def test_collect_only_writes_no_report_and_no_summary(pytester, tiny_example, monkeypatch):
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "summary.md"))
+    pytester.runpytest_subprocess(f"--ftready={tiny_example / 'recipe.toml'}", "--collect-only", "-q")
+    assert not list((pytester.path / ".ftready").rglob("report*.html"))
+    assert not (pytester.path / "summary.md").exists()
+
+
 PROBE = """<script>
 const out = {};
 for (const s of document.querySelectorAll('main > section')) {

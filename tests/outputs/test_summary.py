@@ -39,3 +39,12 @@ def test_appended_only_where_github_step_summary_is_set(tmp_path):
     append_step_summary([sample_run()], environ={"GITHUB_STEP_SUMMARY": str(target)})
     text = target.read_text()
     assert text.startswith("# earlier step\n## pytest-ftready: demo") and text.count("## pytest-ftready") == 1
+
+
+def test_a_levers_header_brings_its_first_lever():
+    from pytest_ftready.outputs.records import CheckRow
+
+    row = CheckRow("model.step_memory", "model", "failed", "the worst-case step needs 30 GiB but ...\n"
+                   "Levers for this recipe:\n  - activation checkpointing: gradient_checkpointing = true; saves ~9 GiB")
+    assert row.fix_line == "Levers for this recipe: - activation checkpointing: gradient_checkpointing = true; saves ~9 GiB"
+    assert CheckRow("x.y", "x", "failed", "one line only").fix_line == ""
