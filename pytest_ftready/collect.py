@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import signal
+from typing import Optional
 
 import pytest
 
 from .checks.registry import CheckSpec, all_checks
+from .kinds import thresholds
 from .outcomes import OUTCOME_RANK, Fail, Skip
 from .recipe.schema import RecipeError, _did_you_mean, load_recipe
 
 RUN_KEY = pytest.StashKey["RunState"]()
+REGRESSION_KEY = pytest.StashKey["Gate"]()  # outputs.regression.Gate, set only when a baseline is given
+COLLECTED_KEY = pytest.StashKey[list]()  # every CheckItem collected, before -k/-m deselect any
 
 
 def _check_function(request) -> None:
@@ -44,7 +48,7 @@ class RecipeFile(pytest.File):
         for spec, param_id, param in _expand(specs, recipe):
             name = prefix + spec.id + (f"[{param_id}]" if param_id else "")
             item = CheckItem.from_parent(self, name=name, callobj=_check_function, spec=spec, recipe=recipe,
-                                         param=param)
+                                         param=param, case=param_id)
             item.add_marker("ftready")
             item.add_marker(f"ftready_{spec.area}")
             if spec.needs_accelerator(recipe):
@@ -56,6 +60,7 @@ class RecipeFile(pytest.File):
             reason = recipe.checks.skip.get(spec.id) or (spec.applies(recipe) if spec.applies else None)
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
+            self.config.stash.setdefault(COLLECTED_KEY, []).append(item)
             yield item
 
 
@@ -77,11 +82,21 @@ def _expand(specs, recipe):
 
 
 class CheckItem(pytest.Function):
-    def __init__(self, *, spec: CheckSpec, recipe, param=None, **kwargs) -> None:
+    def __init__(self, *, spec: CheckSpec, recipe, param=None, case: str = "", **kwargs) -> None:
         super().__init__(**kwargs)
         self.spec = spec
         self.recipe = recipe
         self.param = param
+        self.case = case
+        self.verdict: Optional[tuple[str, str]] = None  # (outcome, reason) for the report and CI summary
+
+    def record_verdict(self, report) -> None:
+        """Keep what a phase's report says: a setup skip or error, the call, a teardown error."""
+        if report.passed and report.when != "call":
+            return
+        outcome = "error" if report.failed and report.when != "call" else report.outcome
+        if self.verdict is None or outcome == "error":
+            self.verdict = (outcome, _reason(report))
 
     @property
     def state(self):
@@ -129,7 +144,7 @@ class CheckItem(pytest.Function):
         if self.config.pluginmanager.hasplugin("benchmark"):
             bench = lambda: request.getfixturevalue("benchmark")  # noqa: E731 - lazily, only when timing
         ctx = CheckContext(state, self.spec, self.user_properties, bench,
-                           request.getfixturevalue("record_testsuite_property"), param=self.param)
+                           request.getfixturevalue("record_testsuite_property"), param=self.param, case=self.case)
         verdict = None
         try:
             with ctx.running():
@@ -144,6 +159,10 @@ class CheckItem(pytest.Function):
             first = (str(exc).strip().splitlines() or [""])[0]
             verdict = (pytest.fail, state.run.gate.text(f"out of memory in {self.spec.id} on {device.name}: {first} "
                                                         "(model.step_memory lists the levers that lower the peak)"))
+        regression = self.config.stash.get(REGRESSION_KEY, None)  # a figure worse than the baseline fails the check
+        regressed = regression.judge(ctx.measured, thresholds(self.recipe.checks.max_regression)) if regression else ""
+        if regressed and (verdict is None or verdict[0] is pytest.fail):
+            verdict = (pytest.fail, f"{verdict[1]}\n{regressed}" if verdict else regressed)
         if verdict is not None:  # raised outside the handler: the report shows the message once
             outcome, message = verdict
             if outcome is pytest.fail:
@@ -193,3 +212,52 @@ def user_test_params(metafunc, run) -> list[tuple[str, object]] | None:
         for variant in (expand(recipe, lists) if lists else [Variant(recipe.source, (), "", recipe)]):
             params.append(("-".join(x for x in (prefix, variant.id) if x) or recipe.name, variant))
     return params
+
+
+def _reason(report) -> str:
+    longrepr = report.longrepr
+    if report.passed or longrepr is None:
+        return ""
+    if isinstance(longrepr, tuple):  # a skip: (path, line, "Skipped: reason")
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    crash = getattr(longrepr, "reprcrash", None)
+    if crash is not None and getattr(report, "when", "") == "call" and "Failed: " not in crash.message:
+        return crash.message  # an unexpected exception: its type and message, not the traceback
+    return str(longrepr).removeprefix("Failed: ")
+
+
+def recipe_runs(config, selected: list) -> list:
+    """The plain records (``outputs.records.RecipeRun``) of each recipe of this session."""
+    import json
+
+    from .options import nightly_requested
+    from .outputs.records import NIGHTLY_DEFAULT, NOT_SELECTED, CheckRow, RecipeRun
+
+    run = config.stash[RUN_KEY]
+    regression = config.stash.get(REGRESSION_KEY, None)
+    chosen = {id(item) for item in selected}
+    rows: dict = {}
+    for item in config.stash.get(COLLECTED_KEY, []):
+        check_id = item.spec.id + (f"[{item.case}]" if item.case else "")
+        if item.verdict is not None:
+            row = CheckRow(check_id, item.spec.area, item.verdict[0], run.gate.text(item.verdict[1]))
+        elif id(item) in chosen:
+            row = CheckRow(check_id, item.spec.area, "not run", why_not="the session stopped before it ran")
+        else:
+            nightly = item.spec.nightly and not nightly_requested(config)
+            row = CheckRow(check_id, item.spec.area, "not run", why_not=NIGHTLY_DEFAULT if nightly else NOT_SELECTED)
+        rows.setdefault(item.recipe.source, []).append(row)
+    out = []
+    for source, state in run.recipes.items():
+        name = state.recipe.name
+        checks = rows.get(source, [])
+        env_ran = any(c.id == "repro.environment" and c.outcome == "passed" for c in checks)
+        env_file = state.artifacts / "environment.json"
+        out.append(RecipeRun(
+            name=name, checks=checks,  # a recipe's record holds its variants' measurements too
+            measurements=[m for m in run.measurements if m.recipe == name or m.recipe.startswith(name + "[")],
+            series=state.series, settings=state.recipe.to_dict(),
+            regressions=[r for r in (regression.found if regression else []) if r.recipe == name],
+            baseline=str(regression.baseline.source) if regression else "",
+            environment=json.loads(env_file.read_text()) if env_ran and env_file.is_file() else None))
+    return out

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -13,10 +14,14 @@ HELP_RECIPE = ("run the readiness checks of this fine-tuning recipe (TOML), or o
 HELP_ARTIFACTS = "folder for ftready artifacts (environment.json, measurements, reports); default .ftready"
 HELP_NIGHTLY = "also run the long checks marked nightly (sustained throughput, lever sweeps)"
 HELP_CPU_SHORT = "run sustained.* and levers.sweep on a machine without an accelerator, in a short mode"
+HELP_BASELINE = ("compare this run's measurements with a previous run's: its measurements.json, a pytest-benchmark "
+                 "JSON saved with --ftready, or a folder of them (the newest); default: the run --benchmark-compare "
+                 "compares with")
 HELP_TIMEOUT = "seconds a hub request may take before a check gives up (default 10)"
 
 ENV_RECIPE = "FTREADY_RECIPE"
 ENV_ARTIFACTS = "FTREADY_ARTIFACTS"
+ENV_BASELINE = "FTREADY_BASELINE"
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,7 @@ def addoptions(parser) -> None:
                     help=HELP_CPU_SHORT)
     group.addoption("--ftready-hub-timeout", default=None, type=parse_seconds, metavar="SECONDS",
                     dest="ftready_hub_timeout", help=HELP_TIMEOUT)
+    group.addoption("--ftready-baseline", default=None, metavar="PATH", dest="ftready_baseline", help=HELP_BASELINE)
     parser.addini("ftready", type="args", default=[], help=HELP_RECIPE)
     parser.addini("ftready_artifacts", default="", help=HELP_ARTIFACTS)
 
@@ -79,3 +85,31 @@ def artifacts_root(config) -> Setting:
                       ".ftready", flag="--ftready-artifacts", ini_name="ftready_artifacts")
     base = Path(config.invocation_params.dir) if setting.source != "ini ftready_artifacts" else config.rootpath
     return Setting((base / setting.value).resolve(), setting.source)
+
+
+def regression_gate(config):
+    """The regression gate of this run (``outputs.regression.RegressionGate``), or None without a baseline.
+    ``--ftready-baseline`` / ``FTREADY_BASELINE`` first; else the saved run pytest-benchmark's
+    ``--benchmark-compare`` loads, when it carries ftready measurements. Raises ``BaselineError``."""
+    from .outputs.regression import RegressionGate, baseline_from, load_baseline
+
+    setting = resolve(config.getoption("ftready_baseline"), ENV_BASELINE, None, None, flag="--ftready-baseline",
+                      ini_name="")
+    if setting.value is not None:
+        return RegressionGate(load_baseline(Path(config.invocation_params.dir) / setting.value))
+    bench = getattr(config, "_benchmarksession", None)  # pytest-benchmark's session (its plugin's own name for it)
+    compare = getattr(bench, "compare", None)
+    if not compare:
+        return None
+    saved = list(bench.storage.load() if compare is True else bench.storage.load(compare))
+    if not saved or not isinstance(saved[-1][1], dict) or "ftready" not in saved[-1][1]:
+        return None  # pytest-benchmark warns about a missing file itself; a run saved without --ftready has no figures
+    where = Path(getattr(bench.storage, "path", "")) / saved[-1][0]  # file storage yields paths relative to its folder
+    return RegressionGate(baseline_from(saved[-1][1], where))
+
+
+def nightly_requested(config) -> bool:
+    """Whether this run asked for the nightly checks: --ftready-nightly, or a -m expression that
+    names nightly other than to exclude it ("nightly", "accelerator or nightly"; not "not nightly")."""
+    markexpr = config.getoption("markexpr") or ""
+    return bool(config.getoption("ftready_nightly")) or bool(re.search(r"\bnightly\b", re.sub(r"\bnot\s+nightly\b", "", markexpr)))

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from . import hookspec, options
-from .outputs import measurements, report
-from .collect import RUN_KEY, RecipeFile, check_accelerator_marker, user_test_params
+from .outputs import measurements, report, summary
+from .collect import REGRESSION_KEY, RUN_KEY, RecipeFile, check_accelerator_marker, recipe_runs, user_test_params
 from .session.state import RunState
 
 MARKERS = {
@@ -89,6 +89,17 @@ def _machine(config):
     return machine
 
 
+def pytest_sessionstart(session) -> None:
+    from .outputs.regression import BaselineError
+
+    try:
+        gate = options.regression_gate(session.config)
+    except BaselineError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if gate is not None:
+        session.config.stash[REGRESSION_KEY] = gate
+
+
 def pytest_report_header(config) -> list[str]:
     recipes = options.recipe_paths(config)
     if not recipes.value:
@@ -140,8 +151,7 @@ def pytest_collect_file(file_path: Path, parent):
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    markexpr = config.getoption("markexpr") or ""
-    if config.getoption("ftready_nightly") or "nightly" in markexpr:
+    if options.nightly_requested(config):
         return
     keep, drop = [], []
     for item in items:
@@ -179,6 +189,8 @@ def pytest_runtest_makereport(item, call):
     run = item.config.stash.get(RUN_KEY, None)
     if run is not None:  # what every reporter (terminal, JUnit, xdist) reads passes the gate
         gate_report(run.gate, report)
+    if hasattr(item, "spec"):
+        item.record_verdict(report)
     return report
 
 
@@ -210,6 +222,8 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
                 for line in origin.header_lines()[1:]:
                     if " not checked " in line or " note: " in line:
                         terminalreporter.write_line(line)
+    if REGRESSION_KEY in config.stash:
+        terminalreporter.write_line(config.stash[REGRESSION_KEY].summary())
 
 
 def pytest_sessionfinish(session) -> None:
@@ -221,21 +235,22 @@ def pytest_sessionfinish(session) -> None:
     for state in [*run.recipes.values(), *run.variants.values()]:
         if "scratch" in vars(state):  # this run's checkpoints and trained weights
             shutil.rmtree(state.scratch, ignore_errors=True)
-    for state in run.recipes.values():  # a recipe's report holds its variants' measurements too
-        name = state.recipe.name
-        mine = [m for m in run.measurements if m.recipe == name or m.recipe.startswith(name + "[")]
-        gate = run.gate
+    records = recipe_runs(session.config, getattr(session, "items", []))
+    reports = {}
+    gate = run.gate
+    for state, record in zip(run.recipes.values(), records):
         try:
-            gate.write_json(state.artifacts / "measurements.json", measurements.measurements_payload(mine))
+            gate.write_json(state.artifacts / "measurements.json", measurements.measurements_payload(record.measurements))
             if state.series:
                 gate.write_json(state.artifacts / "series.json", state.series)
-            gate.write(state.artifacts / "report.html", report.html_report(state.recipe.name, mine, state.series,
-                                                                            state.outcomes))
+            if record.ran():  # --collect-only, or a session stopped before any check: no report to replace
+                reports[record.name] = report.write_report(state.artifacts, record, write=gate.write)
         except Fail as exc:
             reporter = session.config.pluginmanager.get_plugin("terminalreporter")
             if reporter is not None:
                 reporter.write_line(f"ftready {state.recipe.name}: {exc}", red=True)
             session.exitstatus = session.exitstatus or pytest.ExitCode.TESTS_FAILED
+    summary.append_step_summary([r for r in records if r.ran()], reports, gate=gate.text)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -7,10 +7,12 @@ from typing import Any, Sequence
 
 
 def format_value(value: Any, unit: str) -> str:
+    if unit == "share" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value * 100:.3g}%"
     if isinstance(value, float):
         if unit == "bytes" or unit.endswith("bytes"):
             return f"{human_bytes(value)}"
-        text = f"{value:.4g}"
+        text = f"{value:,.0f}" if abs(value) >= 10_000 else f"{value:.4g}"
     elif isinstance(value, int) and unit == "bytes":
         return human_bytes(value)
     else:

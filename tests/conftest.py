@@ -37,14 +37,18 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def tiny_example(tmp_path, tiny_model_dir) -> Path:
     """A private copy of examples/tiny (recipe + data) with the session's model."""
+    return copy_example(tmp_path / "tiny", tiny_model_dir)
+
+
+def copy_example(folder: Path, model_dir: Path) -> Path:
+    """examples/tiny (recipe + data) in ``folder``, its model a link to ``model_dir``."""
     from pytest_ftready.tiny import example_rows, write_jsonl
 
-    folder = tmp_path / "tiny"
     folder.mkdir()
     shutil.copy(EXAMPLE / "recipe.toml", folder / "recipe.toml")
     write_jsonl(folder / "data" / "train.jsonl", example_rows())
     shutil.copy(EXAMPLE / "data" / "MANIFEST.json", folder / "data" / "MANIFEST.json")
-    (folder / "model").symlink_to(tiny_model_dir)
+    (folder / "model").symlink_to(model_dir)
     return folder
 
 

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import html
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Iterable
 
-from ..data.encoding import CHAT_METHODS, redacted_runs, render_example
+from ..data.encoding import CHAT_METHODS, render_example
 from ..data.lengths import padding_waste
 from ..data.layouts import read_sample, row_problems
-from ..data.redaction import redact_text, row_values
+from ..data.redaction import row_values
+from ..data.token_view import token_view
+from ..outputs.report import masking_page
 from ..units import percentile
 from ..outcomes import Fail, Skip
 from .registry import STAGES, check
@@ -80,31 +81,6 @@ def span_methods(encoded: list) -> str:
     return ", ".join(sorted({e.method for e in encoded}))
 
 
-def masking_report(tokenizer, examples: list, method: str, known=None) -> str:
-    """HTML: each example's tokens, trained ones highlighted. Personal data and secrets are
-    redacted in each example's whole text before it is cut into spans (``known``: the output
-    gate, which also learns each example's values)."""
-    blocks = []
-    for enc in examples:
-        values = known.values() if known is not None else {}
-        runs = redacted_runs(tokenizer, enc, known=values)
-        if known is not None:
-            known.learn(row_values(enc.row.data))
-        pieces = [_span(text, trained) for text, trained in runs]
-        issues = "".join(f"<li>{html.escape(kind)}: {html.escape(redact_text(detail))}</li>"
-                         for kind, detail in enc.problems)
-        blocks.append(f"<h3>{html.escape(enc.row.where)}: {enc.trained} of {enc.length} tokens trained</h3>"
-                      f"<pre>{''.join(pieces)}</pre><ul>{issues}</ul>")
-    return ("<!doctype html><meta charset='utf-8'><title>ftready: loss masking</title>"
-            "<style>pre{white-space:pre-wrap}.t{background:#c8f7c5}.m{color:#888}</style>"
-            f"<h1>Loss masking</h1><p>Trained spans found by: <b>{html.escape(method)}</b>. "
-            "Green: carries loss. Grey: masked (-100).</p>" + "".join(blocks))
-
-
-def _span(text: str, trained: bool) -> str:
-    return f"<span class='{'t' if trained else 'm'}'>{html.escape(text)}</span>"
-
-
 # ---- checks -----------------------------------------------------------------------------
 @check("data.format", stage=STAGES["data"])
 def data_format(ctx) -> None:
@@ -167,7 +143,12 @@ def data_masking(ctx) -> None:
     sample = [e for e in encoded if e.problems][: recipe.data.sample] or encoded[: recipe.data.sample]
     method = span_methods(encoded)  # built-in encoder, TRL's SFTTrainer, or the team's pipeline
     gate = state.run.gate
-    report = gate.write(state.artifacts / "masking.html", masking_report(state.tokenizer, sample, method, known=gate))
+    views = []
+    for e in sample:  # redacted over each row's whole text; the gate learns the row's values for every output
+        views.append(token_view(state.tokenizer, e, known=gate.values()))
+        gate.learn(row_values(e.row.data))
+    ctx.series("examples", views)
+    report = gate.write(state.artifacts / "masking.html", masking_page(views, method))
     ctx.user_properties.append(("masking_report", str(report)))
     ctx.measure("pipeline", state.pipeline.name, "")
     ctx.measure("trained_span_method", method, "")

@@ -63,6 +63,7 @@ def thermal(ctx) -> None:
     limit = ctx.recipe.checks.max_temperature_c
     ctx.measure("max_temperature", verdict.max_temperature_c, "C")
     ctx.measure("throttle_reasons", ", ".join(f"{r} from {t:.0f} s" for r, t in verdict.throttled) or "none", "")
+    ctx.series("throttle_events", [[r, t] for r, t in verdict.throttled])  # marked on the report's telemetry charts
     problems = []
     if verdict.max_temperature_c > limit:
         hot = next(t for t, r in samples if r.get("temperature_c", 0) > limit)

@@ -17,6 +17,7 @@ class Measurement:
     value: float | int | str
     unit: str
     estimate: bool = False  # an estimate, not a measurement (CHECKS.md: say which is which)
+    case: str = ""  # the variant of a parametrized check (levers.sweep[micro_batch=8] -> "micro_batch=8")
 
     @property
     def key(self) -> str:

@@ -18,6 +18,8 @@ from typing import Any
 from pyrsistent import PRecord, freeze, pmap, pvector
 from pyrsistent import field as pfield
 
+from ..kinds import KIND_NAMES
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
@@ -46,7 +48,7 @@ class RecipeError(Exception):
 class Key:
     """One recipe key: its kind decides parsing; the rest is documentation and limits."""
 
-    kind: str  # str | bool | int | float | share | path | paths | strs | choice | table | skip | limits
+    kind: str  # str | bool | int | float | share | path | paths | strs | choice | table | skip | limits | thresholds
     default: Any = REQUIRED
     doc: str = ""
     choices: tuple[str, ...] = ()
@@ -149,6 +151,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "skip": _k("skip", {}, "check ids to leave out, each with a reason"),
         "time_limit_s": _k("float", 1800.0, "seconds any one check may run before it fails", positive=True),
         "time_limits": _k("limits", {}, "seconds per check id, e.g. { \"lifecycle.resume\" = 600 }"),
+        "max_regression": _k("thresholds", {}, "worst change allowed against --ftready-baseline, per measurement "
+                             "kind, e.g. { peak_device_bytes = 0.10, tokens_per_s = 0.10 }", choices=KIND_NAMES),
     },
     "pins": {
         "lockfile": _k("path", "", "pip freeze / requirements / uv.lock / poetry.lock", must_exist=True),
@@ -310,6 +314,8 @@ class _Parser:
                 raise self.fail(where, 'expected check ids with positive seconds, e.g. { "lifecycle.resume" = 600 }, '
                                 f"got {_describe(raw)}")
             return pmap({k: float(v) for k, v in raw.items()})
+        if kind == "thresholds":
+            return self.thresholds_value(where, raw, key.choices)
         raise AssertionError(f"unknown key kind {kind}")  # a schema bug, not user input
 
     def path_value(self, where: str, raw: str, key: Key) -> Path | str:
@@ -327,6 +333,17 @@ class _Parser:
             return pmap(raw)
         raise self.fail(where, 'expected check ids with reasons, e.g. skip = { "sustained.thermal" = "no NVML here" }, '
                         f"or a list of ids; got {_describe(raw)}")
+
+    def thresholds_value(self, where: str, raw: Any, kinds: tuple[str, ...]) -> Any:
+        if not isinstance(raw, dict):
+            raise self.fail(where, f"expected a table like {{ {kinds[0]} = 0.10 }}, got {_describe(raw)}")
+        for name, share in raw.items():
+            if name not in kinds:
+                raise self.fail(f"{where}.{name}", "unknown measurement kind" + _did_you_mean(name, list(kinds)))
+            if isinstance(share, bool) or not isinstance(share, (int, float)) or share < 0:
+                raise self.fail(f"{where}.{name}", "expected a non-negative share of change (0.10 = 10% worse), "
+                                f"got {_describe(share)}")
+        return pmap({name: float(share) for name, share in raw.items()})
 
     def table(self, table: str, raw: Any) -> PRecord:
         keys = SCHEMA[table]

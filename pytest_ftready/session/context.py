@@ -13,9 +13,11 @@ from .state import RecipeState
 class CheckContext:
     def __init__(self, state: RecipeState, spec, user_properties: Optional[list] = None,
                  benchmark: Optional[Callable[[], Any]] = None,
-                 suite_property: Optional[Callable[[str, Any], None]] = None, param: Any = None) -> None:
+                 suite_property: Optional[Callable[[str, Any], None]] = None, param: Any = None,
+                 case: str = "") -> None:
         self.state = state
         self.param = param
+        self.case = case  # the variant's id of a parametrized check, kept with its measurements
         self.spec = spec
         self.user_properties = user_properties if user_properties is not None else []
         self._benchmark_factory = benchmark
@@ -56,7 +58,7 @@ class CheckContext:
         """Record ``value`` (with its unit) to every output channel; returns ``value``.
         Text goes through the session's gate: a measurement never carries a secret found in data."""
         value = self.state.run.gate.value(value)
-        m = self.state.record(self.spec.id, name, value, unit, estimate)
+        m = self.state.record(self.spec.id, name, value, unit, estimate, case=self.case)
         self.user_properties.append((m.key, value))
         self.measured.append(m)
         return value

@@ -331,8 +331,9 @@ class RecipeState:
         return computed(self, name)
 
     # ---- results ------------------------------------------------------------------------------
-    def record(self, check: str, name: str, value: Any, unit: str, estimate: bool = False) -> Measurement:
-        m = Measurement(recipe=self.label, check=check, name=name, value=value, unit=unit, estimate=estimate)
+    def record(self, check: str, name: str, value: Any, unit: str, estimate: bool = False, case: str = "") -> Measurement:
+        m = Measurement(recipe=self.label, check=check, name=name, value=value, unit=unit, estimate=estimate,
+                        case=case)
         self.run.measurements.append(m)
         return m
 

@@ -8,7 +8,7 @@ from pytest_ftready.units import format_value, human_bytes, percentile
 
 def test_human_bytes_and_format_value():
     assert human_bytes(512) == "512 B" and human_bytes(1536) == "1.50 KiB" and human_bytes(3 * 1024 ** 3) == "3.00 GiB"
-    assert format_value(2048, "bytes") == "2.00 KiB" and format_value(0.123456, "share") == "0.1235 share"
+    assert format_value(2048, "bytes") == "2.00 KiB" and format_value(0.123456, "share") == "12.3%"
     assert format_value("sdpa", "") == "sdpa"
 
 
@@ -26,4 +26,4 @@ def test_measurements_keys_display_and_summary():
     assert summary_lines([a, b, c]) == ["tiny :: model.step_memory", "    peak_tensor_bytes = 4.00 KiB",
                                         "    activations = 1.00 KiB (estimate)", "tiny :: headroom.time", "    eta = 0.5 h"]
     assert measurements_payload([c]) == [{"recipe": "tiny", "check": "headroom.time", "name": "eta", "value": 0.5,
-                                          "unit": "h", "estimate": False}]
+                                          "unit": "h", "estimate": False, "case": ""}]
