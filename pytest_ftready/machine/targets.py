@@ -84,17 +84,25 @@ def resolve_target(text: str, where: str = "--target") -> Target:
     for row in facts["unified"]:
         m = re.match(row["pattern"], text.strip(), re.IGNORECASE)
         if m:
-            gib = int(m.group("gib"))
-            share = row["usable_share_large"] if gib > row["large_above_gib"] else row["usable_share_small"]
-            context, allocator, sources, _ = _overhead(row["kind"], facts)
-            return Target(f"{text.strip()} (unified memory, GPU may use {share:.0%})", row["kind"], gib * GIB,
-                          share, context, allocator, (compat.source(facts, row), *sources))
+            return _unified(text.strip(), int(m.group("gib")) * GIB, row, facts)
     raise TargetError(f"{where}: {text!r} is neither a size like \"24GiB\" nor a known device; known: "
                       f"{', '.join(known_names())}")
 
 
+def _unified(name: str, capacity_bytes: int, row: dict, facts: dict) -> Target:
+    """Unified memory: the GPU may wire only a share of it (the facts row's rule)."""
+    share = row["usable_share_large"] if capacity_bytes > row["large_above_gib"] * GIB else row["usable_share_small"]
+    context, allocator, sources, _ = _overhead(row["kind"], facts)
+    return Target(f"{name} (unified memory, GPU may use {share:.0%})", row["kind"], capacity_bytes, share, context,
+                  allocator, (compat.source(facts, row), *sources))
+
+
 def device_target(kind: str, name: str, capacity_bytes: int) -> Target:
-    """The device this machine has (probed capacity), with its kind's overhead."""
+    """The device this machine has (probed capacity), with its kind's overhead; Apple's unified
+    memory with the share its GPU may use."""
     facts = compat.load("memory")
+    unified = [row for row in facts["unified"] if row["kind"] == kind]
+    if unified:
+        return _unified(name, capacity_bytes, unified[0], facts)
     context, share, sources, note = _overhead(kind if kind in facts["overhead"] else "cuda", facts)
     return Target(name, kind, capacity_bytes, 1.0, context, share, sources, assumed=note)

@@ -56,4 +56,6 @@ def test_every_row_names_a_known_source():
 
 def test_probed_device_keeps_its_capacity():
     target = device_target("cuda", "NVIDIA GeForce RTX 4090", 25_393_692_672)
-    assert target.capacity_bytes == 25_393_692_672 and target.kind == "cuda"
+    assert target.capacity_bytes == 25_393_692_672 and target.kind == "cuda" and target.usable_share == 1.0
+    mac = device_target("mps", "Apple M2 Max", 96 * GIB)
+    assert mac.usable_share == 0.75 and mac.context_bytes == 0 and "unified memory" in mac.name
