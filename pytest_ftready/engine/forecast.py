@@ -16,12 +16,13 @@ the command ``ftready-forecast`` share ``forecast_report`` and ``render``.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import re
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
@@ -88,29 +89,29 @@ def quantized_storage_bytes(numel: int, out_features: int, quantization: str) ->
     raise ValueError(f"no storage format for quantization {quantization!r}")
 
 
-class _DequantizedMatmul:
-    """bitsandbytes' matmul for a frozen quantized weight: the forward and the backward each
-    dequantize the whole weight to the compute dtype (a temporary), nothing is saved."""
+@functools.lru_cache(maxsize=None)
+def _dequantized_matmul():
+    """bitsandbytes' matmul for a frozen quantized weight (``MatMul4Bit``): the forward and the
+    backward each dequantize the whole weight to the compute dtype (a temporary); nothing is
+    saved for the backward."""
+    import torch
 
-    @staticmethod
-    def function():
-        import torch
+    class DequantizedMatmul(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, shape, bias):
+            weight = torch.empty(shape, dtype=x.dtype, device=x.device)  # the dequantized copy
+            ctx.shape = shape
+            return torch.nn.functional.linear(x, weight, bias)
 
-        class Function(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, x, shape, bias):
-                weight = torch.empty(shape, dtype=x.dtype, device=x.device)  # the dequantized copy
-                ctx.shape = shape
-                return torch.nn.functional.linear(x, weight, bias)
+        @staticmethod
+        def backward(ctx, grad):
+            weight = torch.empty(ctx.shape, dtype=grad.dtype, device=grad.device)
+            return grad @ weight, None, None
 
-            @staticmethod
-            def backward(ctx, grad):
-                weight = torch.empty(ctx.shape, dtype=grad.dtype, device=grad.device)
-                return grad @ weight, None, None
-
-        return Function
+    return DequantizedMatmul
 
 
+@functools.lru_cache(maxsize=None)
 def _stored_linear_class():
     import torch
 
@@ -135,10 +136,9 @@ def _stored_linear_class():
                 self.register_buffer("scales", torch.empty(self.out_features, dtype=torch.float32, device="meta"))
             self.weight = torch.nn.Parameter(weight, requires_grad=False)
             self.bias = source.bias
-            self.matmul = _DequantizedMatmul.function()
 
         def forward(self, x):
-            return self.matmul.apply(x, (self.out_features, self.in_features), self.bias)
+            return _dequantized_matmul().apply(x, (self.out_features, self.in_features), self.bias)
 
     return StoredLinear
 
@@ -164,6 +164,7 @@ def quantize_for_forecast(model, quantization: str) -> int:
 
 
 # ---- an optimizer that cannot run on fake tensors, modelled -------------------------------------
+@functools.lru_cache(maxsize=None)
 def _adamw_8bit_class():
     import torch
 
@@ -356,7 +357,8 @@ def _forecast(recipe, config, accelerator_optimizer: bool) -> Forecast:
                      "16384; dequantized to the compute dtype per layer in forward and backward"
                      if quantization == "4bit" else
                      "8-bit weights (bitsandbytes LLM.int8 cannot run on fake tensors) modelled from their storage "
-                     "format: 1 byte per weight + a 4-byte scale per row; dequantized per layer for the matmuls")
+                     "format: 1 byte per weight + a 4-byte scale per row; its matmul temporaries taken as one "
+                     "dequantized layer in forward and backward, like 4-bit's")
     seed_everything(recipe.training.seed)
     model = make_trainable(base, recipe)
     if quantization != "none":
