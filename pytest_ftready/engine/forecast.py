@@ -43,7 +43,8 @@ class ConfigUnavailable(Exception):
 
 
 class TraceError(Exception):
-    """The step could not be traced on fake tensors (an op with data-dependent shapes...)."""
+    """The model could not be built from its config with the recipe's settings, or its step
+    could not be traced on fake tensors (an op with data-dependent shapes...)."""
 
 
 # ---- the model's config, without weights ----------------------------------------------------
@@ -248,9 +249,14 @@ def _meta_model(recipe, config, notes: list[str]):
         notes.append(f"attention {attn} traced as sdpa (same O(length) memory per head; the kernel itself "
                      f"cannot run on fake tensors)")
         attn = "sdpa"
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(m.dtype), attn_implementation=attn,
-                                                 trust_remote_code=m.trust_remote_code)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(m.dtype), attn_implementation=attn,
+                                                     trust_remote_code=m.trust_remote_code)
+    except (ValueError, ImportError, KeyError) as exc:  # e.g. an attention kernel this architecture lacks
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise TraceError(f"{config.model_type} cannot be built with dtype {m.dtype} and attn_implementation "
+                         f"{m.attn_implementation}: {type(exc).__name__}: {first}") from None
     model.config.use_cache = False
     return model
 

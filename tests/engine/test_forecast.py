@@ -49,6 +49,71 @@ def test_forecast_error_check_records_the_error_against_the_real_step(make_state
     assert names["measured_peak_method"].value == "weights + live tensor bytes"
 
 
+ARCHITECTURES = {  # small random models of other families: (config extras, LoRA targets, dtype)
+    "qwen2": ({}, ["q_proj", "v_proj"], "float32"),
+    "mistral": ({}, ["q_proj", "v_proj"], "float32"),
+    "gemma": ({}, ["q_proj", "v_proj"], "float32"),
+    "qwen3": ({}, ["q_proj", "v_proj"], "float32"),
+    "phi3": ({"pad_token_id": 0}, ["qkv_proj"], "float32"),
+    "gpt_neox": ({}, ["query_key_value"], "float32"),
+    # MoE experts run through grouped_mm, whose fake kernel takes bfloat16 only (float32: TraceError)
+    "qwen2_moe": ({"moe_intermediate_size": 32, "shared_expert_intermediate_size": 64, "num_experts": 4,
+                   "num_experts_per_tok": 2}, ["q_proj", "v_proj"], "bfloat16"),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
+def test_other_architectures_forecast_within_ten_percent(model_type, tmp_path, real_machine):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from pytest_ftready.recipe.schema import load_recipe
+    from pytest_ftready.session.state import RunState
+
+    extras, targets, dtype = ARCHITECTURES[model_type]
+    config = AutoConfig.for_model(model_type, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=1000, **extras)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "model")
+    (tmp_path / "t.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "r.toml").write_text(f'''[model]
+path = "model"
+dtype = "{dtype}"
+[data]
+train = ["t.jsonl"]
+format = "text"
+train_on = "all"
+max_length = 64
+[adapter]
+r = 4
+target_modules = {targets!r}
+[training]
+micro_batch_size = 2
+'''.replace("'", '"'))
+    recipe = load_recipe(tmp_path / "r.toml")
+    state = RunState(artifacts_root=tmp_path / "arts", machine_factory=lambda: real_machine).recipe_state(recipe)
+    predicted = forecast(recipe).peak_bytes
+    measured = measured_step_peak(state, recipe, "cpu", count_tensors=True)
+    print(f"\n{model_type}: forecast {human_bytes(predicted)}, measured {human_bytes(measured)}, "
+          f"error {error_share(predicted, measured):+.1%}")
+    assert abs(error_share(predicted, measured)) <= TOLERANCE
+
+
+def test_a_kernel_the_architecture_lacks_is_a_trace_error_naming_it(tmp_path):
+    from transformers import AutoConfig
+
+    from pytest_ftready.engine.forecast import TraceError
+    from pytest_ftready.recipe.schema import load_recipe
+
+    AutoConfig.for_model("gemma2", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, vocab_size=1000).save_pretrained(tmp_path / "model")
+    (tmp_path / "t.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "r.toml").write_text('[model]\npath = "model"\nattn_implementation = "sdpa"\n[data]\n'
+                                     'train = ["t.jsonl"]\nformat = "text"\ntrain_on = "all"\n')
+    with pytest.raises(TraceError, match="gemma2 cannot be built with dtype bfloat16 and attn_implementation sdpa"):
+        forecast(load_recipe(tmp_path / "r.toml"))
+
+
 LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                 num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072, rope_theta=500000.0,
                 tie_word_embeddings=False, rms_norm_eps=1e-5)
