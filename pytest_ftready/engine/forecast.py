@@ -219,7 +219,6 @@ class Forecast:
     temporary_bytes: int  # everything else live at the peak (workspaces, dequantized weights...)
     peak_phase: str  # forward | backward | optimizer
     tokens: int  # micro_batch_size x max_length
-    micro_batches: int  # traced (two when accumulating: the second holds every gradient)
     build_seconds: float
     trace_seconds: float
     notes: tuple[str, ...] = ()
@@ -316,9 +315,34 @@ def optimizer_state_tensors(optimizer, trainable: Sequence) -> list:
     return [v for per_param in optimizer.state.values() for v in per_param.values() if isinstance(v, torch.Tensor)]
 
 
-def micro_batches_to_trace(recipe) -> int:
-    """With accumulation, the second micro-batch runs with every gradient already held."""
-    return min(2, recipe.training.gradient_accumulation_steps)
+def _later_micro_batch_peak(tracker: TensorBytes, grads: set, forward_end: int, optimizer_start: int):
+    """The peak of a later micro-batch of an accumulating step, from the trace of the first:
+    every gradient is held from the start (a new one is a transient added in place), and
+    train_step's previous output (logits, loss) lives until the new forward returns.
+    Returns (live bytes, event, serials live then, transient bytes)."""
+    grads = {g for g in grads if g is not None}
+    delta = [0] * (tracker.event + 2)
+    grad_delta = [0] * (tracker.event + 2)
+    for serial, (born, died, nbytes) in enumerate(zip(tracker.born, tracker.died, tracker.nbytes)):
+        for table in (delta, grad_delta) if serial in grads else (delta,):
+            table[born] += nbytes
+            if died != math.inf:
+                table[int(died)] -= nbytes
+    held = sum(tracker.nbytes[g] for g in grads)
+    previous = [s for s in tracker.live_at(optimizer_start) if s not in grads]
+    previous_bytes = sum(tracker.nbytes[s] for s in previous)
+    transient = {tracker.born[g]: tracker.nbytes[g] for g in grads}
+    best = (0, 0)
+    live = grad_live = 0
+    for event in range(1, optimizer_start + 1):
+        live += delta[event]
+        grad_live += grad_delta[event]
+        total = live - grad_live + held + transient.get(event, 0) + (previous_bytes if event <= forward_end else 0)
+        if total > best[0]:
+            best = (total, event)
+    total, event = best
+    serials = set(tracker.live_at(event)) | grads | (set(previous) if event <= forward_end else set())
+    return total, event, sorted(serials), transient.get(event, 0)
 
 
 @contextmanager
@@ -370,7 +394,6 @@ def _forecast(recipe, config, accelerator_optimizer: bool) -> Forecast:
     if quantization != "none":
         notes.append("QLoRA preparation (peft prepare_model_for_kbit_training) keeps the layers it does not "
                      "quantize (embeddings, output head, norms) in float32")
-    micro = micro_batches_to_trace(recipe)
     batch_shape = (recipe.training.micro_batch_size, recipe.data.max_length)
     build_seconds = time.perf_counter() - started
     started = time.perf_counter()
@@ -388,6 +411,7 @@ def _forecast(recipe, config, accelerator_optimizer: bool) -> Forecast:
             state_bytes = sum(t.untyped_storage().nbytes() for t in state)
             tracker = TensorBytes([*existing, *state, *batch.values()], scalar_reads=True)
             forward_ends: list[int] = []
+            optimizer_starts: list[int] = []
             grads: set = set()
             states: set = set()
 
@@ -397,6 +421,7 @@ def _forecast(recipe, config, accelerator_optimizer: bool) -> Forecast:
 
             def before_step(opt, args, kwargs) -> None:
                 grads.update(tracker.serial_of(p.grad) for p in trainable if p.grad is not None)
+                optimizer_starts.append(tracker.event)
                 tracker.mark("optimizer")
 
             def after_step(opt, args, kwargs) -> None:
@@ -407,7 +432,7 @@ def _forecast(recipe, config, accelerator_optimizer: bool) -> Forecast:
                      model.register_forward_hook(forward_end), optimizer.register_step_pre_hook(before_step),
                      optimizer.register_step_post_hook(after_step)]
             with tracker.watching():
-                train_step(model, optimizer, scheduler, [batch] * micro, "cpu")
+                train_step(model, optimizer, scheduler, [batch], "cpu")
             for hook in hooks:
                 hook.remove()
     except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
@@ -415,12 +440,19 @@ def _forecast(recipe, config, accelerator_optimizer: bool) -> Forecast:
         raise TraceError(f"the training step of {config.model_type} cannot be traced on fake tensors: "
                          f"{type(exc).__name__}: {first}") from None
     trace_seconds = time.perf_counter() - started
-    at_peak = tracker.live_at(tracker.peak_event)
-    activations = set()
-    for end in forward_ends:
-        activations.update(tracker.live_at(end))
+    activations = set(tracker.live_at(forward_ends[0]))
+    serials, extra_bytes, peak_event = tracker.live_at(tracker.peak_event), 0, tracker.peak_event
+    phase = tracker.phase_at(tracker.peak_event, PHASES[0])
+    if recipe.training.gradient_accumulation_steps > 1:
+        later = _later_micro_batch_peak(tracker, grads, forward_ends[0], optimizer_starts[0])
+        if later[0] > tracker.peak:
+            _, peak_event, serials, extra_bytes = later
+            phase = ("forward" if peak_event <= forward_ends[0] else "backward") + " of a later micro-batch"
+        notes.append("gradient accumulation: a later micro-batch of the step is derived from the traced one "
+                     "(every gradient held from its start, the previous output alive until the new forward returns)")
     sums = dict.fromkeys(("gradients", "optimizer_state", "activations", "temporaries"), 0)
-    for serial in at_peak:
+    sums["temporaries"] = extra_bytes
+    for serial in serials:
         kind = ("gradients" if serial in grads else "optimizer_state" if serial in states
                 else "activations" if serial in activations else "temporaries")
         sums[kind] += tracker.nbytes[serial]
@@ -430,8 +462,8 @@ def _forecast(recipe, config, accelerator_optimizer: bool) -> Forecast:
         frozen_parameters=parameters if recipe.adapter.method == "lora" else 0,
         trainable_bytes=trainable_bytes, gradient_bytes=sums["gradients"],
         optimizer_state_bytes=state_bytes + sums["optimizer_state"], activation_bytes=sums["activations"],
-        temporary_bytes=sums["temporaries"], peak_phase=tracker.phase_at(tracker.peak_event, PHASES[0]),
-        tokens=batch_shape[0] * batch_shape[1], micro_batches=micro, build_seconds=build_seconds,
+        temporary_bytes=sums["temporaries"], peak_phase=phase,
+        tokens=batch_shape[0] * batch_shape[1], build_seconds=build_seconds,
         trace_seconds=trace_seconds, notes=tuple(notes))
 
 
@@ -460,7 +492,8 @@ def measured_step_peak(state, recipe, torch_device: str, count_tensors: bool) ->
         scheduler = make_scheduler(optimizer, recipe, total_steps=1, constant=True)
         state = optimizer_state_tensors(optimizer, [p for p in model.parameters() if p.requires_grad])
         with peak_memory(torch_device, count_tensors=count_tensors) as peak:
-            train_step(model, optimizer, scheduler, [batch] * micro_batches_to_trace(recipe), torch_device)
+            train_step(model, optimizer, scheduler, [batch] * min(2, recipe.training.gradient_accumulation_steps),
+                       torch_device)
         if peak.device_allocated_bytes is not None:
             return int(peak.device_allocated_bytes)
         held = {t.untyped_storage()._cdata: t.untyped_storage().nbytes()
@@ -600,7 +633,7 @@ def render(report: Report) -> str:
     """The breakdown table, the verdict against the target, the levers and the notes."""
     f = report.forecast
     lines = [f"memory forecast for {report.recipe_name}: {f.model_type}, {f.parameters:,} parameters "
-             f"({f.trainable_parameters:,} trainable), {f.micro_batches} micro-batch(es) of {f.tokens:,} tokens "
+             f"({f.trainable_parameters:,} trainable), one micro-batch of {f.tokens:,} tokens "
              f"traced in {f.trace_seconds:.1f} s (estimate: no weights, fake tensors)"]
     width = max(len(name) for name in CATEGORIES)
     lines.append(f"  at the peak ({f.peak_phase}):")

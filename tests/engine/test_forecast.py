@@ -36,7 +36,7 @@ def test_breakdown_of_a_full_fine_tune_holds_gradients_and_adam_state(make_state
     assert f.trainable_parameters == params and f.frozen_parameters == 0
     assert f.gradient_bytes == 4 * params  # float32, every parameter, live through the backward's peak
     assert f.optimizer_state_bytes >= 2 * 4 * params  # AdamW: exp_avg + exp_avg_sq (+ step counters)
-    assert f.activation_bytes > 0 and f.peak_phase in ("forward", "backward", "optimizer")
+    assert f.activation_bytes > 0 and f.peak_phase == "backward of a later micro-batch"  # accumulation 2
     measured = measured_step_peak(state, recipe, "cpu", count_tensors=True)
     assert abs(error_share(f.peak_bytes, measured)) <= TOLERANCE
 
