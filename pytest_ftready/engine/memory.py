@@ -153,14 +153,14 @@ class TensorBytes:
                 out = func(*args, **(kwargs or {}))
                 inputs = None
                 for t in tensors(out):
-                    if t.layout != strided:
+                    if t.layout != strided or t.device.type == "meta":  # no storage bytes behind them
                         continue
                     storage = t.untyped_storage()
                     key = storage._cdata
                     if key in tracker.alive or key in tracker.known:
                         continue
                     if inputs is None:  # only for a storage not seen yet: is it an input's?
-                        inputs = {i.untyped_storage()._cdata for i in tensors((args, kwargs))}
+                        inputs = {i.untyped_storage()._cdata for i in tensors((args, kwargs)) if i.layout == strided}
                     if key not in inputs:
                         tracker.track(storage, key)
                 return out

@@ -34,3 +34,16 @@ def test_live_set_at_the_peak_is_reconstructed_from_births_and_deaths():
         c = torch.zeros(10)
     assert tracker.peak == 600 and sorted(tracker.nbytes[s] for s in tracker.live_at(tracker.peak_event)) == [200, 400]
     del b, c
+
+
+def test_meta_and_sparse_tensors_hold_no_counted_bytes():
+    import torch
+
+    tracker = TensorBytes()
+    with tracker.watching():
+        shape_only = torch.empty(1000, device="meta") * 2
+        sparse = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.tensor([1.0, 2.0]), (4,),
+                                         check_invariants=True) * 2
+        dense = sparse.to_dense()
+    assert shape_only.shape == (1000,) and 4000 not in tracker.nbytes  # the meta tensor's would-be bytes
+    assert tracker.serial_of(dense) is not None  # a dense result of sparse inputs is counted
