@@ -68,12 +68,14 @@ def forecast_config(recipe):
         raise ConfigUnavailable("reading config.json from the hub needs huggingface_hub: "
                                 "pip install 'pytest-ftready[hub]'") from None
     try:
+        if trust:  # the config's own code comes with it (kilobytes too)
+            return AutoConfig.from_pretrained(m.id, revision=m.revision, trust_remote_code=True)
         path = hf_hub_download(m.id, "config.json", revision=m.revision)
     except Exception as exc:  # offline, not cached, gated, no such revision: all mean "no config"
         first = (str(exc).strip().splitlines() or [""])[0]
         raise ConfigUnavailable(f"config.json of {m.id}@{m.revision} is not cached and the hub cannot give it "
                                 f"({type(exc).__name__}: {first}); run once with network, or set [model] path") from None
-    return AutoConfig.from_pretrained(str(Path(path).parent), trust_remote_code=trust)
+    return AutoConfig.from_pretrained(str(Path(path).parent))
 
 
 # ---- quantized weights, modelled from their storage format -----------------------------------

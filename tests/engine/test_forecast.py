@@ -233,6 +233,30 @@ def test_hub_model_offline_skips_naming_what_it_needs(tmp_path, monkeypatch):
         forecast_config(load_recipe(tmp_path / "r.toml"))
 
 
+def test_hub_model_reads_only_config_json_from_the_cache_at_the_pinned_revision(tmp_path, monkeypatch,
+                                                                                  tiny_model_dir):
+    import shutil
+
+    import huggingface_hub.constants
+
+    from pytest_ftready.recipe.schema import load_recipe
+
+    revision = "b" * 40
+    snapshot = tmp_path / "hub" / "models--team--tiny" / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    shutil.copy(tiny_model_dir / "config.json", snapshot / "config.json")  # no weights in the cache
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    (tmp_path / "t.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "r.toml").write_text(f'[model]\nid = "team/tiny"\nrevision = "{revision}"\ndtype = "float32"\n'
+                                     '[data]\ntrain = ["t.jsonl"]\nformat = "text"\ntrain_on = "all"\n'
+                                     'max_length = 32\n')
+    recipe = load_recipe(tmp_path / "r.toml")
+    assert forecast_config(recipe).hidden_size == 64
+    f = forecast(recipe)
+    assert f.parameters == 146_240 and f.activation_bytes > 0
+
+
 def test_command_prints_the_table_and_exits_by_the_verdict(tiny_example, capsys):
     from pytest_ftready.engine.forecast import main
 
