@@ -397,6 +397,10 @@ def _forecast(recipe, config, accelerator_optimizer: bool) -> Forecast:
         notes.append("QLoRA preparation (peft prepare_model_for_kbit_training) keeps the layers it does not "
                      "quantize (embeddings, output head, norms) in float32")
     batch_shape = (recipe.training.micro_batch_size, recipe.data.max_length)
+    positions = getattr(getattr(config, "text_config", None) or config, "max_position_embeddings", None)
+    if positions and recipe.data.max_length > positions:
+        notes.append(f"[data] max_length {recipe.data.max_length} exceeds the model's max_position_embeddings "
+                     f"{positions}: traced as written, but the model was not trained on such positions")
     build_seconds = time.perf_counter() - started
     started = time.perf_counter()
     try:

@@ -290,3 +290,8 @@ def test_lever_changes_are_recipe_keys(make_state):
     assert {"gradient_checkpointing", "micro_batch_size", "gradient_accumulation_steps", "max_length", "method",
             "quantization", "optimizer"} <= seen
     assert recipe_changes("[data] max_length = 64 (p95 of lengths is 40)") == [("data", "max_length", 64)]
+
+
+def test_max_length_beyond_the_models_positions_is_said(make_state):
+    f = forecast(with_changes(make_state().recipe, [("data", "max_length", 1024)]))
+    assert any("max_length 1024 exceeds the model's max_position_embeddings 512" in note for note in f.notes)
