@@ -51,6 +51,7 @@ def sweep_variants(recipe) -> list[tuple[str, dict]]:
 def sweep(ctx) -> None:
     """One lever variant: peak memory and tokens/s of the real step, in the recipe's benchmark group."""
     from ..engine.step import measure_step
+    from ..engine.trainable import attention_of
     from ..recipe.schema import with_changes
     from ..machine.compat import load
     from ..machine.compatibility import kernel_problem
@@ -66,22 +67,16 @@ def sweep(ctx) -> None:
         if problem:
             raise Skip(f"not available on this device: {problem}")
     ctx.measure("is_recipe_setting", not ctx.param, "")
-    # LoRA trains on the shared base: switch its attention kernel for this variant and back.
+    # LoRA trains on the shared base: it runs this variant's attention kernel for the step.
     # A full fine-tune loads a fresh model with the variant's kernel (engine.trainable).
     shared = state.model if variant.adapter.method == "lora" else None
-    base_attn = shared.config._attn_implementation if shared is not None else None
-    if shared is not None and variant.model.attn_implementation != base_attn:
-        shared.set_attn_implementation(variant.model.attn_implementation)
     group = f"levers.sweep {ctx.recipe.name}"
-    try:
+    with attention_of(shared, variant.model.attn_implementation):
         step = measure_step(variant, state.training_examples(), state.tokenizer.pad_token_id, device,
                             state.shared_base, capacity_bytes=ctx.device.memory_total_bytes,
                             count_tensors=not ctx.device.is_accelerator,
                             timer=lambda fn, rounds: ctx.benchmark(fn, rounds=rounds, group=group),
                             rounds=ctx.recipe.checks.benchmark_rounds)
-    finally:
-        if shared is not None and shared.config._attn_implementation != base_attn:
-            shared.set_attn_implementation(base_attn)
     if step.out_of_memory:
         ctx.measure("out_of_memory", True, "")
         return

@@ -12,7 +12,7 @@ from typing import Callable, Optional, Union
 
 # Cheap before expensive (DESIGN.md "Order and dependencies").
 STAGES = {
-    "repro.environment": 0, "stack": 10, "checkpoint": 20, "data": 30, "model.step": 40,
+    "repro.environment": 0, "stack": 10, "checkpoint": 20, "data": 30, "model.forecast": 35, "model.step": 40,
     "data.loader": 45, "model.overfit": 50, "lifecycle": 60, "distributed": 65, "levers": 70, "sustained": 75,
     "headroom": 80, "repro": 90, "privacy": 95,
 }
@@ -60,7 +60,7 @@ def check(id: str, *, stage: int, accelerator: Union[bool, Callable] = False, ni
 
 def all_checks() -> list[CheckSpec]:
     """Every check, in run order (stage, then id). Imports the check modules once."""
-    from . import checkpoint, data, distributed, headroom, levers, lifecycle, model, privacy, repro, stack, sustained  # noqa: F401
+    from . import checkpoint, data, distributed, forecast, headroom, levers, lifecycle, model, privacy, repro, stack, sustained  # noqa: F401,E501
 
     return sorted(REGISTRY.values(), key=lambda spec: (spec.stage, spec.id))
 

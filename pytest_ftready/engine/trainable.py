@@ -160,9 +160,27 @@ def train_step(model, optimizer, scheduler, batches: Sequence[dict], device: str
 
 
 def num_layers(model) -> int:
-    config = getattr(model, "config", None)
+    return num_layers_of(getattr(model, "config", None))
+
+
+def num_layers_of(config) -> int:
+    """Decoder layers of a model config (a multimodal config's text_config)."""
     config = getattr(config, "text_config", None) or config
     return int(getattr(config, "num_hidden_layers", 1) or 1)
+
+
+@contextmanager
+def attention_of(shared_model, attn_implementation: str) -> Iterator[None]:
+    """The session's shared base model (None: nothing shared) with ``attn_implementation`` for
+    the block: a variant may use another kernel than the recipe the model was loaded for."""
+    before = shared_model.config._attn_implementation if shared_model is not None else None
+    if shared_model is not None and before != attn_implementation:
+        shared_model.set_attn_implementation(attn_implementation)
+    try:
+        yield
+    finally:
+        if shared_model is not None and shared_model.config._attn_implementation != before:
+            shared_model.set_attn_implementation(before)
 
 
 def param_fingerprints(model, trainable: bool) -> dict[str, tuple[float, float]]:

@@ -14,10 +14,9 @@ from ..units import human_bytes
 from .compat import cc_text, load
 from .compatibility import gpu_words, kernel_problem, precision_problem
 from .devices import Device, no_accelerator_reason, resolve_device
+from .targets import parse_size as target_size
 
 KINDS = ("any", "cuda", "rocm", "mps")
-UNITS = {"b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12,
-         "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}
 COMPARE = {">=": operator.ge, ">": operator.gt, "==": operator.eq, "<=": operator.le, "<": operator.lt}
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "tf32": "tf32", "float8": "fp8", "fp8": "fp8",
           "float16": "", "fp16": "", "float32": ""}  # "": every accelerator has it
@@ -33,13 +32,13 @@ class Requirements:
 
 
 def parse_size(text: Any) -> int:
-    """'24GiB', '24 GB', '80gib', 25769803776 -> bytes."""
+    """'24GiB', '24 GB', '80gib', 25769803776 -> bytes (the units of [hardware] target)."""
     if isinstance(text, int) and not isinstance(text, bool) and text > 0:
         return text
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)\s*", str(text), re.I)
-    if not m:
+    size = target_size(str(text))
+    if not size:
         raise ValueError(f"expected a size like '24GiB' or '80GB', got {text!r}")
-    return int(float(m.group(1)) * UNITS[m.group(2).lower()])
+    return size
 
 
 def parse_capability(text: Any) -> tuple[str, tuple[int, int]]:

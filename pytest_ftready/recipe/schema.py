@@ -126,6 +126,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "hardware": {
         "device": _k("choice", "auto", "where to train", choices=("auto", "cuda", "rocm", "mps", "cpu", "mlx")),
         "memory_headroom": _k("share", 0.10, "share of device memory to keep free"),
+        "target": _k("str", "", "device to forecast memory for: a size like \"24GiB\" or a GPU name like \"RTX 4090\""),
     },
     "budget": {
         "max_hours": _k("float", 12.0, "wall-clock budget of the run", positive=True),

@@ -285,6 +285,29 @@ class RecipeState:
                              self.shared_base, warmup_s, total_s, window_s, sources, missing, progress=self.progress)
 
     @fact
+    def memory_forecast(self):
+        """The worst-case step's peak memory forecast from the model config alone, judged against
+        the recipe's target (engine.memory_forecast.Report)."""
+        from ..engine.memory_forecast import ConfigUnavailable, TraceError, forecast_report
+        from ..machine.targets import TargetError, recipe_target
+        from ..outcomes import Skip
+
+        try:
+            target = recipe_target(self.recipe, self.device)
+        except TargetError as exc:
+            raise Fail(str(exc)) from None
+        try:
+            p95 = self.length_p95
+        except Fail:  # no tokenizer here (a hub model offline): the max_length lever is left out
+            p95 = None
+        try:
+            return forecast_report(self.recipe, target, p95_length=p95)
+        except ConfigUnavailable as exc:
+            raise Skip(f"the model's config is not available here: {exc}") from None
+        except TraceError as exc:
+            raise Skip(str(exc)) from None
+
+    @fact
     def distributed_jobs(self):
         """The recipe's torchrun jobs (engine.distributed.jobs.DistributedJobs), planned once; the
         distributed checks share its launches."""

@@ -1,0 +1,60 @@
+"""Forecast checks: will the recipe's step fit its target device, answered from the model's
+config alone before any weights are loaded (model.memory_forecast), and how far the forecast
+is from the real step where the real step runs (model.forecast_error)."""
+
+from __future__ import annotations
+
+from ..outcomes import Fail, Skip
+from .registry import STAGES, check
+
+
+@check("model.memory_forecast", stage=STAGES["model.forecast"])
+def memory_forecast(ctx) -> None:
+    """Forecast the worst-case step's peak memory from the model config alone; it fits the target less the headroom."""
+    from ..engine.memory_forecast import render
+
+    report = ctx.state.memory_forecast
+    f = report.forecast
+    for name, value in f.categories().items():
+        ctx.measure(f"forecast_{name}", value, "bytes", estimate=True)
+    ctx.measure("forecast_trainable_weights", f.trainable_bytes, "bytes", estimate=True)
+    ctx.measure("forecast_peak", f.peak_bytes, "bytes", estimate=True)
+    ctx.measure("forecast_peak_phase", f.peak_phase, "")
+    ctx.measure("forecast_trace_seconds", f.trace_seconds, "s")
+    if f.notes:
+        ctx.measure("forecast_notes", " | ".join(f.notes), "")
+    if report.target is None:
+        ctx.measure("forecast_target", "none: set [hardware] target to judge the forecast", "")
+        return
+    ctx.measure("forecast_target", report.target.name, "")
+    ctx.measure("forecast_need", report.need_bytes, "bytes", estimate=True)
+    ctx.measure("forecast_usable", report.usable_bytes, "bytes")
+    for lever in report.levers:
+        ctx.measure(f"forecast_saves[{lever.name}]", lever.saves_bytes, "bytes", estimate=True)
+    if not report.fits:
+        raise Fail(render(report))
+
+
+@check("model.forecast_error", stage=STAGES["model.step"], requires=("stack.precision", "stack.kernels"))
+def forecast_error(ctx) -> None:
+    """The forecast against the real step's peak here (CPU: live tensor bytes; CUDA: max_memory_allocated)."""
+    from ..engine.memory_forecast import ConfigUnavailable, TraceError, error_share, forecast, measured_step_peak
+
+    device = ctx.torch_device()
+    kind = ctx.device.kind
+    if kind not in ("cpu", "cuda", "rocm"):
+        raise Skip(f"{kind} has no allocator peak to compare with (MPS reports the driver's total only)")
+    on_accelerator = kind in ("cuda", "rocm")
+    report = ctx.state.computed("memory_forecast")
+    if report is not None and (report.target is not None and report.target.kind in ("cuda", "rocm")) == on_accelerator:
+        predicted = report.forecast
+    else:  # the optimizer must be traced as this device runs it
+        try:
+            predicted = forecast(ctx.recipe, accelerator_optimizer=on_accelerator)
+        except (ConfigUnavailable, TraceError) as exc:
+            raise Skip(f"no forecast to compare: {exc}") from None
+    measured = measured_step_peak(ctx.state, ctx.recipe, device, count_tensors=not on_accelerator)
+    ctx.measure("forecast_peak", predicted.peak_bytes, "bytes", estimate=True)
+    ctx.measure("measured_peak", measured, "bytes")
+    ctx.measure("measured_peak_method", "max_memory_allocated" if on_accelerator else "weights + live tensor bytes", "")
+    ctx.measure("forecast_error", error_share(predicted.peak_bytes, measured), "share")
