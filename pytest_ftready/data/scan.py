@@ -175,6 +175,8 @@ def _email(value: str) -> bool:
 
 
 def _phone(value: str) -> bool:
+    if re.fullmatch(r"\+\d+\.\d+", value):  # a signed decimal ("+12780573.2" % in a report), not a number to dial
+        return False
     digits = re.sub(r"\D", "", value)
     return 8 <= len(digits) <= 15 and len(set(digits)) > 2
 
