@@ -12,8 +12,7 @@ from .kinds import thresholds
 from .outcomes import OUTCOME_RANK, Fail, Skip
 from .recipe.schema import RecipeError, _did_you_mean, load_recipe
 
-RUN_KEY = pytest.StashKey["RunState"]()
-REGRESSION_KEY = pytest.StashKey["Gate"]()  # outputs.regression.Gate, set only when a baseline is given
+from .keys import REGRESSION_KEY, RUN_KEY  # noqa: E402  (defined there so the plugin imports this module lazily)
 COLLECTED_KEY = pytest.StashKey[list]()  # every CheckItem collected, before -k/-m deselect any
 
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from . import hookspec, options
-from .outputs import measurements, report, summary
-from .collect import REGRESSION_KEY, RUN_KEY, RecipeFile, check_accelerator_marker, recipe_runs, user_test_params
-from .session.state import RunState
+from .keys import REGRESSION_KEY, RUN_KEY
+
+# Everything else is imported inside the hook that needs it: `pytest --help` with the plugin
+# stays within 1.1x of the time without it (issue 15).
 
 MARKERS = {
     "ftready": "a pytest-ftready readiness check",
@@ -49,10 +50,14 @@ def pytest_load_initial_conftests(early_config, parser, args) -> None:
 def pytest_configure(config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
-    from .checks.registry import areas
+    from .checks.registry import AREAS  # the names, without importing the check modules
 
-    for area in areas():
+    for area in AREAS:
         config.addinivalue_line("markers", f"ftready_{area}: pytest-ftready {area} checks")
+    if getattr(config.option, "help", False) or getattr(config.option, "version", False):
+        return  # pytest prints and exits: no run state to build
+    from .session.state import RunState
+
     recipes = options.recipe_paths(config)
     if recipes.value and getattr(config.option, "numprocesses", None):
         raise pytest.UsageError("ftready: the checks of a recipe share one loaded model and run in order in one "
@@ -146,6 +151,8 @@ def pytest_collection(session) -> None:
 def pytest_collect_file(file_path: Path, parent):
     run = parent.config.stash.get(RUN_KEY, None)
     if run is not None and file_path.resolve() in run.recipe_paths:
+        from .collect import RecipeFile
+
         return RecipeFile.from_parent(parent, path=file_path)
     return None
 
@@ -210,6 +217,8 @@ def gate_report(gate, report) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, config) -> None:
+    from .outputs import measurements
+
     run = config.stash.get(RUN_KEY, None)
     if run and run.measurements:
         terminalreporter.write_sep("-", "ftready measurements")
@@ -230,6 +239,9 @@ def pytest_sessionfinish(session) -> None:
     run = session.config.stash.get(RUN_KEY, None)
     if run is None:
         return
+    from .collect import recipe_runs
+    from .outputs import measurements, report, summary
+
     from .outcomes import Fail
 
     for state in [*run.recipes.values(), *run.variants.values()]:
@@ -255,6 +267,8 @@ def pytest_sessionfinish(session) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_json(config, benchmarks, output_json) -> None:
+    from .outputs import measurements
+
     run = config.stash.get(RUN_KEY, None)
     if run is not None:
         output_json["ftready"] = measurements.measurements_payload(run.measurements)
@@ -266,6 +280,7 @@ def pytest_benchmark_update_json(config, benchmarks, output_json) -> None:
 # ---- public fixtures -------------------------------------------------------------------
 def pytest_generate_tests(metafunc) -> None:
     """Validate accelerator(...) arguments; parametrize tests using the fixtures over recipes and variants."""
+    from .collect import check_accelerator_marker, user_test_params
     from .recipe.schema import RecipeError
 
     run = metafunc.config.stash.get(RUN_KEY, None)

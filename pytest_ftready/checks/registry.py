@@ -65,5 +65,11 @@ def all_checks() -> list[CheckSpec]:
     return sorted(REGISTRY.values(), key=lambda spec: (spec.stage, spec.id))
 
 
+# The areas the check modules register (the pytest face names them as markers at startup without
+# importing the check modules; tests/checks/test_registry_areas.py keeps this equal to areas()).
+AREAS = ("checkpoint", "data", "distributed", "headroom", "levers", "lifecycle", "model", "privacy", "repro", "stack",
+         "sustained")
+
+
 def areas() -> list[str]:
     return sorted({spec.area for spec in all_checks()})

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
+from .prefilter import candidate_lines
 from .scan import Finding, active_kinds, iter_strings, scan_text
 
 Learn = Callable[[str, str], None]  # (value, kind): told each finding's value, e.g. the output gate
@@ -139,20 +140,25 @@ def scan_file(path: Path, categories: frozenset[str], learn: Optional[Learn] = N
         return
     if _is_binary(path):
         return
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for number, line in enumerate(handle, start=1):
-            kinds = active_kinds(line)  # once per line: a superset for every field in it
-            if not kinds:
-                continue
-            if suffix in (".jsonl", ".ndjson", ".json"):
-                try:
-                    value = json.loads(line)
-                except ValueError:
-                    value = None
-                if value is not None:
-                    yield from _scan_value(str(path), number, value, categories, kinds, learn)
-                    continue
-            yield from _scan_value(str(path), number, line, categories, kinds, learn, field="text")
+    with open(path, "rb") as handle:
+        for number, line in candidate_lines(handle):
+            yield from _scan_line(str(path), suffix, number, line, categories, learn)
+
+
+def _scan_line(file: str, suffix: str, number: int, line: str, categories, learn: Optional[Learn]) -> Iterator[Located]:
+    kinds = active_kinds(line)  # once per line: a superset for every field in it
+    escaped = "\\u" in line  # \u0040 is an @ only once decoded: kinds from each decoded string
+    if not kinds and not escaped:
+        return
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            value = None
+        if value is not None:
+            yield from _scan_value(file, number, value, categories, None if escaped else kinds, learn)
+            return
+    yield from _scan_value(file, number, line, categories, kinds, learn, field="text")
 
 
 def _scan_value(file: str, line: int, value, categories, kinds=None, learn: Optional[Learn] = None,
