@@ -80,14 +80,14 @@ def test_a_hung_step_fails_after_its_limit_and_the_session_goes_on(pytester, tin
 def test_a_resume_worker_that_never_returns_is_killed_at_the_limit(pytester, tiny_example):
     pidfile = pytester.path / "worker.pid"
     (tiny_example / "conftest.py").write_text(HANG_WORKER.format(pidfile=str(pidfile)))
-    _limits(tiny_example / "recipe.toml", **{"lifecycle.resume": 30})
+    _limits(tiny_example / "recipe.toml", **{"lifecycle.resume": 20})
     arts = pytester.path / "arts"
     pytester.runpytest_subprocess(f"--ftready={tiny_example / 'recipe.toml'}", "-k",
                                   "data.masking or lifecycle.resume or repro.config",
                                   "--junitxml=out.xml", f"--ftready-artifacts={arts}")
     cases = _cases(pytester.path / "out.xml")
     assert cases["lifecycle.resume"][0] == "failure"
-    assert cases["lifecycle.resume"][1].startswith("Failed: lifecycle.resume did not finish within its time limit of 30 s")
+    assert cases["lifecycle.resume"][1].startswith("Failed: lifecycle.resume did not finish within its time limit of 20 s")
     assert cases["repro.config"] == ("passed", "")
     assert not _alive(int(pidfile.read_text()))  # the worker really started, and is gone
     assert _leftovers(arts) == []
