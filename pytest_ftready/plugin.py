@@ -195,25 +195,10 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = (str(item.path), None, report.longrepr[2])  # point at the recipe, not at plugin code
     run = item.config.stash.get(RUN_KEY, None)
     if run is not None:  # what every reporter (terminal, JUnit, xdist) reads passes the gate
-        gate_report(run.gate, report)
+        run.gate.guard_report(report)
     if hasattr(item, "spec"):
         item.record_verdict(report)
     return report
-
-
-def gate_report(gate, report) -> None:
-    """Properties, captured output and text failure messages of a test report, gated."""
-    report.user_properties = [(name, gate.value(value)) for name, value in report.user_properties]
-    report.sections = [(title, gate.text(text)) for title, text in report.sections]
-    if isinstance(report.longrepr, str):
-        report.longrepr = gate.text(report.longrepr)
-    elif isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
-        report.longrepr = (*report.longrepr[:2], gate.text(str(report.longrepr[2])))
-    elif report.longrepr is not None:  # a traceback: kept as it is unless it quotes a finding
-        text = str(report.longrepr)
-        clean = gate.text(text)
-        if clean != text:
-            report.longrepr = clean
 
 
 def pytest_terminal_summary(terminalreporter, config) -> None:

@@ -87,5 +87,20 @@ class Gate:
     def write_json(self, path: Path, payload: Any) -> Path:
         return self.write(path, json.dumps(json_safe(self.value(payload)), indent=2, sort_keys=True) + "\n")
 
+    def guard_report(self, report) -> None:
+        """A pytest test report's properties, captured output and text failure, gated in place
+        (what every reporter reads: terminal, JUnit, xdist)."""
+        report.user_properties = [(name, self.value(value)) for name, value in report.user_properties]
+        report.sections = [(title, self.text(text)) for title, text in report.sections]
+        if isinstance(report.longrepr, str):
+            report.longrepr = self.text(report.longrepr)
+        elif isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
+            report.longrepr = (*report.longrepr[:2], self.text(str(report.longrepr[2])))
+        elif report.longrepr is not None:  # a traceback: kept as it is unless it quotes a finding
+            text = str(report.longrepr)
+            clean = self.text(text)
+            if clean != text:
+                report.longrepr = clean
+
     def lines(self, lines: Iterable[str]) -> list[str]:
         return [self.text(line) for line in lines]

@@ -203,8 +203,9 @@ class RecipeState:
             raise Fail(str(exc)) from None
 
     def encode_progress(self, done: int, total: int) -> None:
+        """The pipeline's own progress calls, already every few seconds: not throttled again."""
         if total >= PROGRESS_ROWS:
-            self.progress(f"encoded {done:,} of {total:,} rows")
+            self.progress(f"encoded {done:,} of {total:,} rows", force=True)
 
     @fact
     def trainable_examples(self):
