@@ -18,6 +18,8 @@ HELP_BASELINE = ("compare this run's measurements with a previous run's: its mea
                  "JSON saved with --ftready, or a folder of them (the newest); default: the run --benchmark-compare "
                  "compares with")
 HELP_TIMEOUT = "seconds a hub request may take before a check gives up (default 10)"
+HELP_WORKERS = ("processes that read and encode the training data (default: every CPU this process may use "
+                "when the data is large, else 1)")
 
 ENV_RECIPE = "FTREADY_RECIPE"
 ENV_ARTIFACTS = "FTREADY_ARTIFACTS"
@@ -42,6 +44,8 @@ def addoptions(parser) -> None:
                     help=HELP_CPU_SHORT)
     group.addoption("--ftready-hub-timeout", default=None, type=parse_seconds, metavar="SECONDS",
                     dest="ftready_hub_timeout", help=HELP_TIMEOUT)
+    group.addoption("--ftready-workers", default=None, type=parse_count, metavar="N", dest="ftready_workers",
+                    help=HELP_WORKERS)
     group.addoption("--ftready-baseline", default=None, metavar="PATH", dest="ftready_baseline", help=HELP_BASELINE)
     parser.addini("ftready", type="args", default=[], help=HELP_RECIPE)
     parser.addini("ftready_artifacts", default="", help=HELP_ARTIFACTS)
@@ -54,6 +58,16 @@ def parse_seconds(text: str) -> float:
         raise ValueError(f"expected a number of seconds, got {text!r}") from None
     if value <= 0:
         raise ValueError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def parse_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected a whole number of processes, got {text!r}") from None
+    if value < 1:
+        raise ValueError(f"expected at least 1 process, got {text!r}")
     return value
 
 

@@ -68,6 +68,7 @@ def pytest_configure(config) -> None:
         recipe_paths=recipes.value,
         cpu_short=config.getoption("ftready_cpu_short"),
         hub_timeout_s=config.getoption("ftready_hub_timeout") or 10.0,
+        data_workers=config.getoption("ftready_workers"),
         progress=lambda line: _progress(config, line),
         pipeline_hook=lambda recipe, tokenizer: config.hook.pytest_ftready_pipeline(recipe=recipe, tokenizer=tokenizer),
     )

@@ -29,6 +29,14 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def format_duration(seconds: float) -> str:
+    """'45 s', '12 min', '3.2 h': a time for people, to two figures at most."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
 
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q`` quantile (0..1) by linear interpolation between closest ranks (numpy's default);

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Iterable
 
 from ..data.encoding import CHAT_METHODS, render_example
 from ..data.lengths import padding_waste
-from ..data.layouts import read_sample, row_problems
+from ..data.digest import LISTED, sorted_sample
 from ..data.redaction import row_values
 from ..data.token_view import token_view
 from ..outputs.report import masking_page
@@ -20,88 +18,70 @@ from .registry import STAGES, check
 TEMPLATE_KINDS = ("render_error", "prompt_not_prefix", "history_rewritten", "bos_doubled")
 MASKING_KINDS = ("markers_empty", "assistant_untrained", "wrong_role_trained", "stop_untrained", "no_supervised",
                  "truncated_all")
-MAX_LISTED = 10
+MAX_LISTED = LISTED
+LENGTHS_SHOWN = 20_000  # row lengths kept for the report's histogram (evenly through them, sorted)
 
 
-def where_list(places: list[str]) -> str:
-    """'train.jsonl:3, train.jsonl:9 and 12 more'."""
-    shown = ", ".join(places[:MAX_LISTED])
-    return shown + (f" and {len(places) - MAX_LISTED} more" if len(places) > MAX_LISTED else "")
+def where_list(places: list[str], count: int | None = None) -> str:
+    """'train.jsonl:3, train.jsonl:9 and 12 more': the first places of ``count`` (default: all listed)."""
+    count = len(places) if count is None else count
+    shown = places[:MAX_LISTED]
+    return ", ".join(shown) + (f" and {count - len(shown)} more" if count > len(shown) else "")
 
 
-def summarize(found: dict[str, list[tuple[str, str]]]) -> str:
-    """kind -> [(where, detail)] as one paragraph per kind: count, first detail, rows."""
+def summarize(found: dict) -> str:
+    """kind -> Places as one paragraph per kind: count, first detail, rows."""
     parts = []
-    for kind, hits in found.items():
-        parts.append(f"{kind} in {len(hits)} row(s): {hits[0][1]} [{where_list([w for w, _ in hits])}]")
+    for kind, places in found.items():
+        parts.append(f"{kind} in {places.count} row(s): {places.first[0][1]} "
+                     f"[{where_list([w for w, _ in places.first], places.count)}]")
     return "\n".join(parts)
 
 
-def problems_by_kind(encoded: Iterable, kinds: Iterable[str]) -> dict[str, list[tuple[str, str]]]:
-    wanted = set(kinds)
-    found: dict[str, list[tuple[str, str]]] = defaultdict(list)
-    for enc in encoded:
-        for kind, detail in enc.problems:
-            if kind in wanted:
-                found[kind].append((enc.row.where, detail))
-    return dict(found)
-
-
-def encoded_rows(ctx, purpose: str) -> list:
-    """The encoded rows, or a failure that says why there are none."""
-    encoded = ctx.state.encoded
-    if not encoded:
+def encoded_rows(ctx, purpose: str):
+    """The data digest with its encoded rows, or a failure that says why there are none."""
+    digest = ctx.state.digest
+    if not digest.encoded:
         raise Fail(f"no well-formed row to {purpose} (see data.format)")
-    return encoded
+    return digest
 
 
-def left_out(ctx, encoded: list) -> str:
+def left_out(ctx, digest) -> str:
     """Rows data.format found unusable, which this check leaves out: measured (a JUnit
     property), and a line for the check's message ("" when none)."""
-    rows, read_problems = ctx.state.rows
-    total = len(rows) + len(read_problems)
-    count = total - len(encoded)
+    count = digest.total - digest.encoded
     if not count:
         return ""
     ctx.measure("rows_left_out", count, "rows")
-    return f"\n{count} of {total} rows left out as unusable (see data.format)"
+    return f"\n{count} of {digest.total} rows left out as unusable (see data.format)"
 
 
-def bad_rows_list(bad: list[tuple[str, int, list[str]]]) -> str:
-    """One line per unusable row, sorted by file and line, with all its problems."""
-    bad = sorted(bad, key=lambda b: (b[0], b[1]))
+def bad_rows_list(bad: list, count: int) -> str:
+    """One line per unusable row listed (the first by file and line), with all its problems."""
     lines = [f"{Path(file).name}:{line}: {'; '.join(problems)}" for file, line, problems in bad[:MAX_LISTED]]
-    if len(bad) > MAX_LISTED:
-        lines.append(f"and {len(bad) - MAX_LISTED} more rows")
+    if count > len(lines):
+        lines.append(f"and {count - len(lines)} more rows")
     return "\n".join(lines)
 
 
-def span_methods(encoded: list) -> str:
+def span_methods(digest) -> str:
     """How trained spans were found, over all rows: "generation-markers", or several joined."""
-    return ", ".join(sorted({e.method for e in encoded}))
+    return ", ".join(sorted(digest.methods))
 
 
 # ---- checks -----------------------------------------------------------------------------
 @check("data.format", stage=STAGES["data"])
 def data_format(ctx) -> None:
     """Every row of every file parses and has what its layout needs; each bad row is listed once."""
-    rows, read_problems = ctx.state.rows
+    digest = ctx.state.rows
     data = ctx.recipe.data
-    bad = [(p.file, p.line, [p.detail]) for p in read_problems]
-    layouts: Counter = Counter()
-    for row in rows:
-        sample, problems = read_sample(row, data.format, data.train_on, data.roles)
-        if problems:
-            bad.append((row.file, row.line, problems))
-        else:
-            layouts[sample.layout] += 1
-    total = len(rows) + len(read_problems)
-    ctx.measure("rows", total, "rows")
-    ctx.measure("bad_rows", len(bad), "rows")
-    ctx.measure("layouts", ", ".join(f"{name} {count}" for name, count in layouts.most_common()), "")
-    if bad:
-        raise Fail(f"{len(bad)} of {total} rows are unusable for format = \"{data.format}\":\n" + bad_rows_list(bad))
-    if not rows:
+    ctx.measure("rows", digest.total, "rows")
+    ctx.measure("bad_rows", digest.bad_count, "rows")
+    ctx.measure("layouts", ", ".join(f"{name} {count}" for name, count in digest.layouts.most_common()), "")
+    if digest.bad_count:
+        raise Fail(f"{digest.bad_count} of {digest.total} rows are unusable for format = \"{data.format}\":\n"
+                   + bad_rows_list(digest.bad, digest.bad_count))
+    if not digest.rows:
         raise Fail("the training files hold no rows")
 
 
@@ -110,12 +90,12 @@ def data_template(ctx) -> None:
     """The chat template is found and renders every conversation; inference prompt is a prefix; BOS once
     in every row (plain prompt/completion and text rows use no template: only BOS is checked)."""
     recipe = ctx.recipe
-    encoded = encoded_rows(ctx, "render")
-    chat = any(e.method in CHAT_METHODS for e in encoded)
+    digest = encoded_rows(ctx, "render")
+    chat = bool(digest.methods & set(CHAT_METHODS))
     ctx.measure("template_source", _template_source(recipe) if chat else "none: no row is a conversation", "")
-    ctx.measure("trained_span_method", span_methods(encoded), "")
-    skipped = left_out(ctx, encoded)
-    found = problems_by_kind(encoded, TEMPLATE_KINDS)
+    ctx.measure("trained_span_method", span_methods(digest), "")
+    skipped = left_out(ctx, digest)
+    found = digest.places(TEMPLATE_KINDS)
     if found:
         hints = {
             "bos_doubled": "tokenize the rendered chat with add_special_tokens=False (or drop BOS from the template)",
@@ -123,7 +103,7 @@ def data_template(ctx) -> None:
             "prompt_not_prefix": "the generation prompt must equal the start of the assistant turn in training renders",
         }
         advice = "; ".join(hints[k] for k in found if k in hints)
-        raise Fail(f"chat template problems in {sum(len(v) for v in found.values())} place(s):\n{summarize(found)}"
+        raise Fail(f"chat template problems in {sum(p.count for p in found.values())} place(s):\n{summarize(found)}"
                    + (f"\nFix: {advice}" if advice else "") + skipped)
 
 
@@ -139,9 +119,9 @@ def _template_source(recipe) -> str:
 def data_masking(ctx) -> None:
     """Labels are -100 exactly outside the trained spans; EOS trained; truncation does not eat responses."""
     state, recipe = ctx.state, ctx.recipe
-    encoded = encoded_rows(ctx, "check")
-    sample = [e for e in encoded if e.problems][: recipe.data.sample] or encoded[: recipe.data.sample]
-    method = span_methods(encoded)  # built-in encoder, TRL's SFTTrainer, or the team's pipeline
+    digest = encoded_rows(ctx, "check")
+    sample = digest.with_problems or digest.head
+    method = span_methods(digest)  # built-in encoder, TRL's SFTTrainer, or the team's pipeline
     gate = state.run.gate
     views = []
     for e in sample:  # redacted over each row's whole text; the gate learns the row's values for every output
@@ -152,28 +132,29 @@ def data_masking(ctx) -> None:
     ctx.user_properties.append(("masking_report", str(report)))
     ctx.measure("pipeline", state.pipeline.name, "")
     ctx.measure("trained_span_method", method, "")
-    skipped = left_out(ctx, encoded)
-    trained = sum(e.trained for e in encoded)
-    total = sum(e.length for e in encoded)
+    ctx.measure("encoded_fingerprint", f"{digest.fingerprint:016x}", "")  # changes with any token or label
+    skipped = left_out(ctx, digest)
+    trained, total = digest.trained_tokens, digest.total_tokens
     ctx.measure("trained_token_share", trained / total if total else 0.0, "share")
-    partial = [e for e in encoded if any(k == "truncated_part" for k, _ in e.problems)]
-    share = len(partial) / len(encoded)
+    partial = digest.count("truncated_part")
+    share = partial / digest.encoded
     ctx.measure("truncated_response_share", share, "share")
-    ctx.measure("emptied_rows", sum(1 for e in encoded if any(k == "truncated_all" for k, _ in e.problems)), "rows")
-    found = problems_by_kind(encoded, MASKING_KINDS)
+    ctx.measure("emptied_rows", digest.count("truncated_all"), "rows")
+    found = digest.places(MASKING_KINDS)
     limit = recipe.checks.max_truncated_share
     messages = []
     if trained == 0:
-        messages.append(f"{method} would train on 0 tokens of {len(encoded)} rows: the loss would look healthy "
+        messages.append(f"{method} would train on 0 tokens of {digest.encoded} rows: the loss would look healthy "
                         "and teach nothing")
     if found:
         messages.append(summarize(found))
     if share > limit:
-        messages.append(f"truncation cuts the response of {len(partial)} of {len(encoded)} rows ({share:.1%} > "
-                        f"max_truncated_share {limit:.1%}) [{where_list([e.row.where for e in partial])}]; "
+        places = digest.problems["truncated_part"]
+        messages.append(f"truncation cuts the response of {partial} of {digest.encoded} rows ({share:.1%} > "
+                        f"max_truncated_share {limit:.1%}) [{where_list([w for w, _ in places.first], partial)}]; "
                         f"raise [data] max_length (now {recipe.data.max_length}) or shorten those rows")
     if messages:
-        bad = next((e for e in encoded if any(k in found for k, _ in e.problems)), sample[0])
+        bad = digest.first_example(found) or sample[0]
         example = render_example(state.tokenizer, bad, known=gate.values())
         raise Fail("\n".join(messages) + f"\nExample {bad.row.where} (trained tokens in [[...]]):\n{example}"
                    f"\nAll shown examples: {report}" + skipped)
@@ -183,10 +164,9 @@ def data_masking(ctx) -> None:
 def data_lengths(ctx) -> None:
     """Token length distribution, truncation rate and padding waste at the recipe's micro-batch."""
     recipe, state = ctx.recipe, ctx.state
-    encoded = encoded_rows(ctx, "measure")
-    skipped = left_out(ctx, encoded)
-    full = [e.full_length for e in encoded]
-    kept = [e.length for e in encoded]
+    digest = encoded_rows(ctx, "measure")
+    skipped = left_out(ctx, digest)
+    full, kept = digest.full_lengths, digest.lengths
     max_length = recipe.data.max_length
     ctx.measure("length_p50", percentile(full, 0.5), "tokens")
     ctx.measure("length_p95", percentile(full, 0.95), "tokens")
@@ -199,7 +179,7 @@ def data_lengths(ctx) -> None:
     else:
         ctx.measure("padding_waste", padding_waste(kept, mb), "share")
         ctx.measure("padding_waste_grouped_by_length", padding_waste(sorted(kept), mb), "share")
-    ctx.series("lengths", full)
+    ctx.series("lengths", sorted_sample(full, LENGTHS_SHOWN))
     limit = _model_max_positions(state)
     if limit is not None:
         ctx.measure("model_max_positions", limit, "tokens")
@@ -249,10 +229,8 @@ def data_loader(ctx) -> None:
     step = state.step
     if step.out_of_memory:
         raise Skip("the worst-case step runs out of memory (see model.step_memory): no step rate to compare with")
-    rows, _ = state.rows
     encoder = state.encoder
-    data = ctx.recipe.data
-    sample = [r for r in rows if not row_problems(r, data.format, data.train_on, data.roles)][:256]
+    sample = state.rows.usable_rows
     start = time.perf_counter()
     encoded = [encoder.encode(r) for r in sample]
     encode_s = time.perf_counter() - start

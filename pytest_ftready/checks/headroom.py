@@ -46,7 +46,7 @@ def time_(ctx) -> None:
         if step.out_of_memory:
             raise Fail("the worst-case step runs out of memory (see model.step_memory): no throughput to plan with")
         rate, source = step.tokens_per_s, "model.step_memory (worst-case batch)"
-    lengths = [e.length for e in state.trainable_examples]
+    lengths = state.digest.trainable_lengths  # every trainable row, as a compact array
     per_epoch = tokens_to_process(lengths, recipe.training.micro_batch_size, recipe.data.packing)
     tokens = per_epoch * recipe.training.epochs
     budget = recipe.budget

@@ -124,9 +124,12 @@ class Encoder:
         return self.tok(text[: max(1, len(text) // 2)], add_special_tokens=True)["input_ids"]
 
     # ---- encoding --------------------------------------------------------------------
-    def encode(self, row: Row) -> Encoded:
-        sample = self.sample(row)
+    def encode(self, row: Row, sample: Optional[Sample] = None) -> Encoded:
+        """``sample``: the row already read by ``layouts.read_sample`` (with no problems), if at hand."""
+        if sample is None:
+            sample = self.sample(row)
         if isinstance(sample, Chat):
+            self._need_template()
             return self._encode_chat(row, sample)
         text = sample.prompt + sample.completion
         spans = [(0 if self.train_on == "all" else len(sample.prompt), None)]

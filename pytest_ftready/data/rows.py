@@ -1,15 +1,23 @@
 """Reading training rows with their provenance (file, line); their layouts are read in layouts.py.
 
-JSONL is read line by line so a malformed line is reported with its number and the other
-lines are still read; JSON arrays, parquet and csv go through ``datasets`` (local files
-only, nothing cached)."""
+Files are read in chunks (``chunks``), so a pass over a dataset of any size holds one chunk at
+a time: JSONL in byte ranges cut at line ends (each named by its first line number), read
+line by line so a malformed line is reported with its number and the other lines are still
+read; csv row by row (every field a string); parquet in record batches; a JSON array through
+``datasets`` (local files only, nothing cached), in batches. ``read_rows`` reads everything
+at once, for small files and tests."""
 
 from __future__ import annotations
 
+import csv
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Union
+
+CHUNK_BYTES = 1 << 20  # a JSONL chunk: about a MiB of lines
+BATCH_ROWS = 1000  # a chunk of a csv, parquet or JSON-array file
+
 
 @dataclass(frozen=True)
 class Row:
@@ -34,42 +42,86 @@ class RowProblem:
         return f"{Path(self.file).name}:{self.line}"
 
 
-def read_rows(files) -> tuple[list[Row], list[RowProblem]]:
-    rows: list[Row] = []
-    problems: list[RowProblem] = []
+Item = Union[Row, RowProblem]
+
+
+@dataclass(frozen=True)
+class LineRange:
+    """The lines of a JSONL file between two byte offsets that start lines; ``first_line`` is
+    the number of the first. Small to send to a worker process, which reads the lines itself."""
+
+    file: str
+    start: int
+    end: int
+    first_line: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def items(self) -> Iterator[Item]:
+        path = Path(self.file)
+        for line_no, line, problem in _lines(path, self.start, self.end, self.first_line):
+            if problem:
+                yield RowProblem(self.file, line_no, *problem)
+            else:
+                yield _parsed(self.file, line_no, line)
+
+
+@dataclass(frozen=True)
+class RowBatch:
+    """Rows (and problems) already read, ``size`` bytes of their file."""
+
+    rows: tuple
+    size: int = 0
+
+    def items(self) -> Iterator[Item]:
+        return iter(self.rows)
+
+
+Chunk = Union[LineRange, RowBatch]
+
+
+def chunks(files, chunk_bytes: int = CHUNK_BYTES) -> Iterator[Chunk]:
+    """The training files as consecutive chunks, in file order and line order."""
     for file in files:
         path = Path(file)
         suffix = path.suffix.lower()
         unreadable = _unreadable(path)
         if unreadable:
-            problems.append(RowProblem(str(path), 0, "unreadable", unreadable))
+            yield RowBatch((RowProblem(str(path), 0, "unreadable", unreadable),))
         elif suffix in (".jsonl", ".ndjson") or (suffix == ".json" and _looks_like_jsonl(path)):
-            for line_no, line, problem in _lines(path):
-                if problem:
-                    problems.append(RowProblem(str(path), line_no, *problem))
-                    continue
-                try:
-                    rows.append(Row(str(path), line_no, json.loads(line)))
-                except json.JSONDecodeError as exc:
-                    problems.append(RowProblem(str(path), line_no, "malformed", f"not valid JSON ({exc.msg} at column {exc.colno})"))
-                except RecursionError:
-                    problems.append(RowProblem(str(path), line_no, "malformed", "JSON nested too deeply to parse"))
-                except ValueError as exc:  # e.g. an integer longer than Python converts
-                    problems.append(RowProblem(str(path), line_no, "malformed", f"not valid JSON ({exc})"))
-        elif suffix in (".json", ".parquet", ".csv"):
-            builder = {".json": "json", ".parquet": "parquet", ".csv": "csv"}[suffix]
-            try:
-                import datasets
-
-                ds = datasets.load_dataset(builder, data_files=str(path), split="train", keep_in_memory=True)
-            except Exception as exc:  # datasets raises many types for unreadable files
-                problems.append(RowProblem(str(path), 0, "unreadable", f"{type(exc).__name__}: {exc}"))
-                continue
-            rows.extend(Row(str(path), i + 1, item) for i, item in enumerate(ds))
+            yield from _line_ranges(path, chunk_bytes)
+        elif suffix in _TABLES:
+            yield from _TABLES[suffix](path)
         else:
-            problems.append(RowProblem(str(path), 0, "unreadable",
-                                       f"unsupported file type {suffix!r}; use .jsonl, .json, .parquet or .csv"))
+            yield RowBatch((RowProblem(str(path), 0, "unreadable",
+                                       f"unsupported file type {suffix!r}; use .jsonl, .json, .parquet or .csv"),))
+
+
+def read_rows(files) -> tuple[list[Row], list[RowProblem]]:
+    """Every row and every problem of ``files``, in memory (small files, tests)."""
+    rows: list[Row] = []
+    problems: list[RowProblem] = []
+    for chunk in chunks(files):
+        for item in chunk.items():
+            (rows if isinstance(item, Row) else problems).append(item)
     return rows, problems
+
+
+def total_bytes(files) -> int:
+    return sum(Path(f).stat().st_size for f in files if Path(f).is_file())
+
+
+def _parsed(file: str, line_no: int, line: str) -> Item:
+    try:
+        return Row(file, line_no, json.loads(line))
+    except json.JSONDecodeError as exc:
+        return RowProblem(file, line_no, "malformed", f"not valid JSON ({exc.msg} at column {exc.colno})")
+    except RecursionError:
+        return RowProblem(file, line_no, "malformed", "JSON nested too deeply to parse")
+    except ValueError as exc:  # e.g. an integer longer than Python converts
+        return RowProblem(file, line_no, "malformed", f"not valid JSON ({exc})")
 
 
 def _looks_like_jsonl(path: Path) -> bool:
@@ -93,26 +145,48 @@ def _unreadable(path: Path) -> str:
     return ""
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str, tuple[str, str] | None]]:
-    """(line number, text, problem) of each non-blank line, read in bounded memory: a line
-    over MAX_LINE_BYTES or not valid UTF-8 comes with a (kind, detail) problem instead of
-    its text. A byte-order mark and CRLF line ends are accepted."""
+def _line_ranges(path: Path, chunk_bytes: int) -> Iterator[LineRange]:
+    """Byte ranges of about ``chunk_bytes``, each ending at a line end (or the end of the
+    file), with the number of their first line; a long line is skipped over in bounded pieces."""
     with path.open("rb") as handle:
-        number = 0
-        while True:
+        start, first = 0, 1
+        while block := handle.read(chunk_bytes):
+            newlines = block.count(b"\n")
+            if not block.endswith(b"\n"):
+                while piece := handle.readline(_CHUNK):
+                    if piece.endswith(b"\n"):
+                        newlines += 1
+                        break
+            end = handle.tell()
+            yield LineRange(str(path), start, end, first)
+            start, first = end, first + newlines
+
+
+def _lines(path: Path, start: int = 0, end: int | None = None, first: int = 1
+           ) -> Iterator[tuple[int, str, tuple[str, str] | None]]:
+    """(line number, text, problem) of each non-blank line from byte ``start`` (a line start,
+    numbered ``first``) to ``end``, read in bounded memory: a line over MAX_LINE_BYTES or not
+    valid UTF-8 comes with a (kind, detail) problem instead of its text. A byte-order mark and
+    CRLF line ends are accepted."""
+    with path.open("rb") as handle:
+        handle.seek(start)
+        at, number = start, first - 1
+        while end is None or at < end:
             raw = handle.readline(MAX_LINE_BYTES + 1)
             if not raw:
                 return
+            at += len(raw)
             number += 1
             if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
                 size = len(raw)
                 while (chunk := handle.readline(_CHUNK)) and not chunk.endswith(b"\n"):
                     size += len(chunk)
                 size += len(chunk)
+                at += size - len(raw)
                 yield number, "", ("too_long", f"the line holds {size:,} bytes, more than the "
                                                  f"{MAX_LINE_BYTES // 2**20} MiB a row may hold: split it or drop it")
                 continue
-            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            if at == len(raw) and raw.startswith(b"\xef\xbb\xbf"):  # the file's first line
                 raw = raw[3:]
             try:
                 line = raw.decode("utf-8")
@@ -123,3 +197,73 @@ def _lines(path: Path) -> Iterator[tuple[int, str, tuple[str, str] | None]]:
             if line.strip():
                 yield number, line, None
 
+
+# ---- csv, parquet, JSON arrays ---------------------------------------------------------------
+def _batched(path: Path, rows: Iterator[Item], count_hint: int) -> Iterator[RowBatch]:
+    """``rows`` in batches of BATCH_ROWS, each with its share of the file's size."""
+    size = path.stat().st_size
+    batch: list = []
+    for item in rows:
+        batch.append(item)
+        if len(batch) == BATCH_ROWS:
+            yield RowBatch(tuple(batch), size * BATCH_ROWS // max(count_hint, BATCH_ROWS))
+            batch = []
+    if batch:
+        yield RowBatch(tuple(batch), size * len(batch) // max(count_hint, len(batch)))
+
+
+def _unreadable_file(path: Path, exc: BaseException) -> RowProblem:
+    return RowProblem(str(path), 0, "unreadable", f"{type(exc).__name__}: {exc}")
+
+
+def _csv_rows(path: Path) -> Iterator[Item]:
+    """Rows of a csv file with a header line: every field a string, as written."""
+    csv.field_size_limit(MAX_LINE_BYTES)
+    number = 0
+    try:
+        with path.open("r", encoding="utf-8-sig", newline="") as handle:
+            reader = csv.DictReader(handle)
+            for number, record in enumerate(reader, start=1):
+                if None in record or None in record.values():
+                    fewer_or_more = "more" if None in record else "fewer"
+                    yield RowProblem(str(path), number, "malformed", f"has {fewer_or_more} fields than the header "
+                                     f"names ({len(reader.fieldnames or ())}): quote fields that hold commas")
+                    continue
+                yield Row(str(path), number, dict(record))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        yield RowProblem(str(path), number + 1, "malformed", f"cannot read the csv here ({exc}); the rows after "
+                         "it are not read: fix the file (UTF-8, one header line, quoted fields)")
+
+
+def _csv(path: Path) -> Iterator[RowBatch]:
+    return _batched(path, _csv_rows(path), max(1, path.stat().st_size // 512))
+
+
+def _parquet(path: Path) -> Iterator[RowBatch]:
+    try:
+        import pyarrow.parquet as pq
+
+        table = pq.ParquetFile(str(path))
+        total = table.metadata.num_rows
+        batches = table.iter_batches(batch_size=BATCH_ROWS)
+        number = 0
+        for batch in batches:
+            rows = tuple(Row(str(path), number + i + 1, item) for i, item in enumerate(batch.to_pylist()))
+            number += len(rows)
+            yield RowBatch(rows, path.stat().st_size * len(rows) // max(total, 1))
+    except Exception as exc:  # pyarrow raises many types for unreadable files
+        yield RowBatch((_unreadable_file(path, exc),))
+
+
+def _json_array(path: Path) -> Iterator[RowBatch]:
+    try:
+        import datasets
+
+        ds = datasets.load_dataset("json", data_files=str(path), split="train", keep_in_memory=True)
+    except Exception as exc:  # datasets raises many types for unreadable files
+        yield RowBatch((_unreadable_file(path, exc),))
+        return
+    yield from _batched(path, (Row(str(path), i + 1, item) for i, item in enumerate(ds)), len(ds))
+
+
+_TABLES = {".csv": _csv, ".parquet": _parquet, ".json": _json_array}

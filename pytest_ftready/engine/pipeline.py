@@ -34,22 +34,16 @@ class Pipeline:
 
 
 class BuiltinPipeline(Pipeline):
+    """pytest-ftready's encoder. It can travel to worker processes: the data pass
+    (data.passes) encodes large datasets with it in parallel."""
+
     name = "builtin"
 
-    def __init__(self, encoder, progress: Optional[Callable[[int, int], None]] = None) -> None:
+    def __init__(self, encoder) -> None:
         self.encoder = encoder
-        self.progress = progress  # (done, total), called every few seconds on long datasets
 
     def encode(self, rows: Sequence) -> list[Encoded]:
-        import time
-
-        out, last = [], time.monotonic()
-        for i, row in enumerate(rows, start=1):
-            out.append(self.encoder.encode(row))
-            if self.progress is not None and time.monotonic() - last > 2.0:
-                self.progress(i, len(rows))
-                last = time.monotonic()
-        return out
+        return [self.encoder.encode(row) for row in rows]
 
 
 class FunctionPipeline(Pipeline):
@@ -108,7 +102,7 @@ def select_pipeline(state) -> Pipeline:
     hook = getattr(state.run, "pipeline_hook", None)
     provided = hook(recipe, tokenizer) if hook is not None else None
     if provided is None and recipe.data.pipeline != "trl":
-        return BuiltinPipeline(state.encoder, getattr(state, "encode_progress", None))
+        return BuiltinPipeline(state.encoder)
     stops = stop_token_ids(tokenizer, generation_eos_ids(recipe), recipe.data.stop_tokens)
     if provided is not None:
         return as_pipeline(provided, recipe, tokenizer, stops)

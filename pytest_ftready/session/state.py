@@ -19,7 +19,7 @@ from ..outputs.gate import Gate
 from ..outputs.measurements import Measurement
 from .facts import computed, fact
 
-PROGRESS_ROWS = 5000  # datasets this long report their encoding progress
+OTHER_CHUNK_BYTES = 16 * 2**20  # a chunk of rows for a pipeline other than the built-in encoder
 CPU_SHORT_SECONDS = 10.0  # --ftready-cpu-short caps the sustained window
 PROGRESS_EVERY_S = 3.0  # at most one progress line this often per recipe
 
@@ -37,6 +37,7 @@ class RunState:
     telemetry_factory: Optional[Callable[..., Any]] = None  # (device, machine) -> (sources, missing); tests: fake NVML
     progress: Optional[Callable[[str], None]] = None  # a line for the terminal while long work runs
     pipeline_hook: Optional[Callable[..., Any]] = None  # (recipe, tokenizer) -> the team's pipeline or None
+    data_workers: Optional[int] = None  # processes for the data pass (--ftready-workers); None: by CPUs and data size
     recipes: dict[Path, "RecipeState"] = field(default_factory=dict)
     variants: dict[tuple, "RecipeState"] = field(default_factory=dict)  # (source, variant id) -> state
     models: dict[tuple, Any] = field(default_factory=dict)  # ([model] table, device) -> the loaded base model
@@ -162,12 +163,46 @@ class RecipeState:
     def shared_base(self):
         return self.model
 
+    def data_plan(self):
+        """How the data pass reads rows and how much of them it keeps (data.digest.Plan): enough
+        trainable examples from the start for every check that trains (overfit, resume, the
+        distributed job) and the longest ones for the worst-case batch."""
+        from ..data.digest import Plan
+
+        data, t, c = self.recipe.data, self.recipe.training, self.recipe.checks
+        d = self.recipe.distributed
+        ranks = max(1, d.world_size or len(self.machine.gpus)) * d.nnodes
+        per_step = t.micro_batch_size * ranks
+        return Plan(format=data.format, train_on=data.train_on, roles=tuple(sorted((data.roles or {}).items())),
+                    sample=data.sample, keep_rows=256,
+                    keep_first=max(256, c.overfit_examples, per_step * t.gradient_accumulation_steps * (c.resume_steps + 2)),
+                    keep_longest=max(8, per_step))
+
     @fact
     def rows(self):
-        """(rows, problems) of every training file."""
-        from ..data.rows import read_rows
+        """Every row of every training file read and shaped, no tokenizer needed
+        (data.digest.DataDigest, its reading part)."""
+        return self._data_pass(encoding=False)
 
-        return read_rows(self.recipe.data.train)
+    def _data_pass(self, encoding: bool):
+        """One streaming pass over the training files (data.passes.run_pass), in worker processes
+        when the data is large and the pipeline is the built-in encoder."""
+        from ..data.passes import PassFailed, run_pass, workers_for
+        from ..engine.pipeline import BuiltinPipeline
+
+        files, options = self.recipe.data.train, {}
+        if encoding:
+            pipeline = self.pipeline
+            if isinstance(pipeline, BuiltinPipeline):
+                options["encoder"] = pipeline.encoder
+            else:  # the team's function or TRL: in this process, in large chunks (TRL starts a trainer per chunk)
+                options.update(encode=lambda pairs: pipeline.encode([row for row, _ in pairs]), chunk_bytes=OTHER_CHUNK_BYTES)
+        travels = not encoding or "encoder" in options
+        workers = workers_for(self.run.data_workers, files, encoding) if travels else 1
+        try:
+            return run_pass(files, self.data_plan(), workers=workers, progress=self.progress, **options)
+        except PassFailed as exc:
+            raise Fail(str(exc)) from None
 
     @fact
     def encoder(self):
@@ -190,45 +225,25 @@ class RecipeState:
         return select_pipeline(self)
 
     @fact
-    def encoded(self):
-        """Every well-formed row, as the recipe's pipeline makes it: a list of ``Encoded``."""
-        from ..data.layouts import row_problems
-
-        rows, _ = self.rows
-        data = self.recipe.data
-        usable = [row for row in rows if not row_problems(row, data.format, data.train_on, data.roles)]
+    def digest(self):
+        """Every usable row as the recipe's pipeline makes it, kept as a data.digest.DataDigest:
+        counts, length arrays, the first places of each problem, bounded samples."""
         try:
-            return self.pipeline.encode(usable)
+            return self._data_pass(encoding=True)
         except ValueError as exc:  # the pipeline cannot make examples (TRL refuses to start, rows it cannot load)
             raise Fail(str(exc)) from None
 
-    def encode_progress(self, done: int, total: int) -> None:
-        """The pipeline's own progress calls, already every few seconds: not throttled again."""
-        if total >= PROGRESS_ROWS:
-            self.progress(f"encoded {done:,} of {total:,} rows", force=True)
-
     @fact
-    def trainable_examples(self):
-        """Encoded rows that train: no problem that would corrupt the loss."""
-        from ..data.encoding import BLOCKING
-
-        return [e for e in self.encoded if e.trained and not any(k in BLOCKING for k, _ in e.problems)]
-
-    @fact
-    def dataset(self):
-        """The encoded data as a ``datasets.Dataset`` (input_ids, attention_mask, labels)."""
-        import datasets
-
-        return datasets.Dataset.from_list([
-            {"input_ids": list(e.input_ids), "attention_mask": [1] * e.length, "labels": list(e.labels),
-             "source": e.row.where} for e in self.trainable_examples])
+    def trainable_examples(self) -> list:
+        """Trainable examples kept by the data pass: the first ones in order, then the longest."""
+        return self.digest.training_examples()
 
     @fact
     def length_p95(self) -> Optional[float]:
         """The p95 of the untruncated row lengths (the figure data.lengths reports and lever advice quotes)."""
         from ..units import percentile
 
-        return percentile([e.full_length for e in self.encoded], 0.95) or None
+        return percentile(self.digest.full_lengths, 0.95) or None
 
     def training_examples(self) -> list:
         """The trainable examples, or a Fail that says why there are none."""

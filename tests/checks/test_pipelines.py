@@ -43,9 +43,9 @@ def test_trl_with_a_marked_template_passes_on_trls_own_labels(trl_config, tmp_pa
     assert values["pipeline"] == "trl" and values["trained_span_method"] == "TRL SFTTrainer"
     assert 0 < values["trained_token_share"] < 0.5
     # the labels are TRL's: the same ids TRL's prepared dataset holds, user turns masked
-    first = state.encoded[0]
+    first = state.digest.head[0]
     assert first.trained and first.labels[0] == -100
-    batch = state.pipeline.collate(state.encoded[:2], state.tokenizer.pad_token_id)
+    batch = state.pipeline.collate(state.digest.head[:2], state.tokenizer.pad_token_id)
     assert batch["labels"].shape == batch["input_ids"].shape  # TRL's collator
 
 
@@ -133,7 +133,7 @@ def test_where_trl_substitutes_its_training_template_those_labels_are_verified(t
     ctx = run_check(state, "data.masking")
     assert state.pipeline.substituted_template  # TRL swapped in its {% generation %} variant
     assert "substituted training template" in {m.name: m.value for m in ctx.measured}["trained_span_method"]
-    text = state.tokenizer.decode([t for t, label in zip(state.encoded[0].input_ids, state.encoded[0].labels)
+    text = state.tokenizer.decode([t for t, label in zip(state.digest.head[0].input_ids, state.digest.head[0].labels)
                                    if label != -100])
     assert "likes the" in text and "What does" not in text  # the assistant turn, not the user's
 
@@ -150,7 +150,7 @@ def test_trls_collator_pads_like_the_engine(trl_config, tmp_path, real_machine):
     from pytest_ftready.engine.batches import collate
 
     state = state_for(trl_config, tmp_path, real_machine)
-    examples = state.encoded[:3]
+    examples = state.digest.head[:3]
     theirs = state.pipeline.collate(examples, state.tokenizer.pad_token_id)
     ours = collate(examples, state.tokenizer.pad_token_id)
     for key in ("input_ids", "labels", "attention_mask"):
@@ -182,4 +182,4 @@ def test_a_toml_recipe_can_ask_for_trls_pipeline(make_state, run_check):
     state = make_state(packing='false\npipeline = "trl"')
     ctx = run_check(state, "data.masking")
     assert {m.name: m.value for m in ctx.measured}["pipeline"] == "trl"
-    assert state.encoded[0].method == "TRL SFTTrainer"
+    assert state.digest.head[0].method == "TRL SFTTrainer"

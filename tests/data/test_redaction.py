@@ -68,7 +68,7 @@ def test_masking_example_of_a_truncated_row_shows_no_fragment(make_state, tiny_e
     rows = planted.plant_in_assistant_turns([{}] * 5)
     write_jsonl(tiny_example / "data" / "train.jsonl", rows)
     state = make_state(max_length="60")
-    for enc in state.encoded:
+    for enc in state.digest.head:
         shown = render_example(state.tokenizer, enc)
         secret = next(s for _, (v, s) in planted.SPLIT.items() if v in enc.row.data["messages"][1]["content"])
         assert enc.length == 60 and not _fragments_left(shown, secret.replace("\n", "")), shown

@@ -24,7 +24,7 @@ DISK_FULL = textwrap.dedent("""
 
     all_checks()
     state = RunState(artifacts_root=Path(sys.argv[2]), machine_factory=read_machine).recipe_state(load_recipe(sys.argv[1]))
-    state.encoded, state.encoder  # read the data before the disk is 'full'
+    state.digest, state.encoder  # read the data before the disk is 'full'
     resource.setrlimit(resource.RLIMIT_FSIZE, (512, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
     try:
         REGISTRY["data.masking"].body(CheckContext(state, REGISTRY["data.masking"]))

@@ -1,0 +1,143 @@
+"""One pass over the training files in bounded memory: chunks in file order, each read (and
+encoded) into a ``digest.DataDigest``, merged in order. With enough data, and an encoder that
+can travel to another process (the built-in one), chunks are read and encoded in worker
+processes; the merge keeps the order, so the digest is the same for 1 or N workers.
+
+Workers are started with ``spawn`` (never ``fork`` a process that may hold torch threads),
+ignore Ctrl-C (the main process stops them), and are stopped when the pass ends, fails or
+is interrupted. Imports no torch."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from functools import partial
+from typing import Callable, Optional, Sequence
+
+from ..units import format_duration, human_bytes
+from .digest import DataDigest, Encode, Plan, digest_chunk
+from .rows import CHUNK_BYTES, chunks, total_bytes
+
+# below this much data one process does the pass: starting a worker costs seconds
+PARALLEL_MIN_BYTES = {"encode": 16 * 2**20, "read": 256 * 2**20}
+IN_FLIGHT = 2  # chunks queued per worker
+QUIET_SECONDS = 2.0  # a pass shorter than this reports no progress
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def workers_for(requested: Optional[int], files: Sequence, encoding: bool) -> int:
+    """``requested`` (--ftready-workers) if given, else every CPU when the files are large
+    enough for workers to pay off, else 1."""
+    if requested:
+        return requested
+    threshold = PARALLEL_MIN_BYTES["encode" if encoding else "read"]
+    return cpu_count() if total_bytes(files) >= threshold else 1
+
+
+def encode_with(encoder, pairs: list) -> list:
+    """The built-in encoder over [(row, sample)]: what a worker (or this process) runs."""
+    return [encoder.encode(row, sample) for row, sample in pairs]
+
+
+class PassFailed(RuntimeError):
+    """A worker process died (killed, out of memory) before its chunk was done."""
+
+
+def run_pass(files: Sequence, plan: Plan, *, encode: Encode = None, encoder=None, workers: int = 1,
+             progress: Optional[Callable[[str], None]] = None, chunk_bytes: int = CHUNK_BYTES) -> DataDigest:
+    """The digest of every row of ``files``. ``encode``: [(row, sample)] -> Encoded, or None to only
+    read and shape rows; ``encoder``: the built-in encoder, which worker processes can use
+    (``encode`` then defaults to it). A pipeline that cannot travel runs in this process."""
+    if encoder is not None and encode is None:
+        encode = partial(encode_with, encoder)
+    digest = DataDigest(plan, encoding=encode is not None)
+    meter = _Meter("encoded" if encode is not None else "read", total_bytes(files), progress)
+    if workers > 1 and (encode is None or encoder is not None):
+        return _in_workers(files, plan, encoder, encode is not None, workers, meter, digest, chunk_bytes)
+    for chunk in chunks(files, chunk_bytes):
+        digest.merge(digest_chunk(chunk, plan.narrowed(digest), encode))
+        meter.update(digest, chunk.size)
+    return digest
+
+
+def _in_workers(files, plan: Plan, encoder, encoding: bool, workers: int, meter: "_Meter", digest: DataDigest,
+                chunk_bytes: int) -> DataDigest:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_start_worker, initargs=(encoder,))
+    pending: deque = deque()
+
+    def merge_first() -> None:
+        future, size = pending.popleft()
+        digest.merge(future.result())
+        meter.update(digest, size)
+
+    try:
+        for chunk in chunks(files, chunk_bytes):
+            pending.append((pool.submit(_digest_in_worker, chunk, plan.narrowed(digest), encoding), chunk.size))
+            while len(pending) >= IN_FLIGHT * workers:
+                merge_first()
+        while pending:
+            merge_first()
+    except BrokenProcessPool:
+        raise PassFailed(f"a worker process reading the training data died (killed, or out of memory) with "
+                         f"{workers} workers: run with --ftready-workers=1 to read in one process") from None
+    finally:
+        _stop(pool)
+    return digest
+
+
+def _stop(pool) -> None:
+    """Stop the workers now: queued chunks are dropped, running ones killed (their results are
+    not wanted when the pass ends early; after a whole pass they are idle)."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        if process.is_alive():
+            process.terminate()
+        process.join(timeout=5)
+
+
+_ENCODER = None  # the worker's built-in encoder, from the initializer
+
+
+def _start_worker(encoder) -> None:
+    import signal
+
+    global _ENCODER
+    _ENCODER = encoder
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+
+
+def _digest_in_worker(chunk, plan: Plan, encoding: bool) -> DataDigest:
+    return digest_chunk(chunk, plan, partial(encode_with, _ENCODER) if encoding else None)
+
+
+class _Meter:
+    """Progress of a pass, for the terminal: rows done, rows/s, share of the bytes, ETA."""
+
+    def __init__(self, what: str, size: int, report: Optional[Callable[[str], None]]) -> None:
+        self.what, self.size, self.report = what, size, report
+        self.start = time.monotonic()
+        self.done = 0
+
+    def update(self, digest: DataDigest, size: int) -> None:
+        self.done += size
+        elapsed = time.monotonic() - self.start
+        if self.report is None or elapsed < QUIET_SECONDS or not self.done:
+            return
+        share = min(1.0, self.done / self.size) if self.size else 1.0
+        rows = digest.total
+        eta = elapsed * (1 - share) / share
+        self.report(f"data: {self.what} {rows:,} rows ({share:.0%} of {human_bytes(self.size)}), "
+                    f"{rows / elapsed:,.0f} rows/s, ETA {format_duration(eta)}")

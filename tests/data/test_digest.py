@@ -1,0 +1,156 @@
+"""The streaming data pass (data/rows.chunks, data/digest, data/passes): chunks number lines as
+one read does, digests of chunks merge into the digest of everything, worker processes give
+the same digest as one process, and what is kept stays within its bounds."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from pytest_ftready.data import passes, rows as rows_module
+from pytest_ftready.data.digest import Plan, row_fingerprint, usable_pairs
+from pytest_ftready.data.encoding import BLOCKING, Encoder, stop_token_ids
+from pytest_ftready.data.passes import PassFailed, run_pass
+from pytest_ftready.data.rows import chunks, read_rows
+from tests.benchmarks.corpus import write_corpus
+
+PLAN = Plan(format="auto", train_on="assistant", sample=3, keep_rows=7, keep_first=5, keep_longest=4)
+BAD = [b'{"messages": "caf\xe9"}', b"{not json", b'{"text": ""}', b"[1, 2]"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """~2,000 chat rows (long ones are truncated at max_length 64), broken lines among them,
+    a second file in another layout, a BOM and CRLF line ends."""
+    folder = tmp_path_factory.mktemp("digest")
+    first = folder / "chat.jsonl"
+    write_corpus(first, 2000, seed=7)
+    lines = first.read_bytes().splitlines()
+    for k, bad in enumerate(BAD):
+        lines.insert(300 * (k + 1), bad)
+    first.write_bytes(b"\xef\xbb\xbf" + b"\r\n".join(lines) + b"\r\n")
+    second = folder / "plain.jsonl"
+    second.write_text("".join(json.dumps({"prompt": f"Q{i}: " + "word " * (i % 90), "completion": f"A{i}."}) + "\n"
+                              for i in range(300)))
+    return [first, second]
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    data = SimpleNamespace(format="auto", train_on="assistant", max_length=64, add_special_tokens=False, roles={})
+    return Encoder(tok, data, stop_token_ids(tok))
+
+
+@pytest.fixture(scope="module")
+def whole(corpus, encoder):
+    """The digest of one chunk holding everything."""
+    return run_pass(corpus, PLAN, encoder=encoder, chunk_bytes=1 << 30)
+
+
+def normal(digest) -> dict:
+    """Every field of a digest; the heap of the longest examples in a fixed order."""
+    fields = dict(vars(digest))
+    fields["longest"] = sorted((item.entry for item in digest.longest), key=lambda entry: entry[:2])
+    return fields
+
+
+def test_chunks_number_every_line_as_one_read_does(corpus, monkeypatch):
+    whole = [list(chunk.items()) for chunk in chunks(corpus, 1 << 30)]
+    whole = [item for part in whole for item in part]
+    rows, problems = read_rows(corpus)
+    assert len(rows) + len(problems) == len(whole) == 2304 and rows[0].data["messages"]  # the BOM is gone
+    assert [(p.line, p.kind) for p in problems] == [(301, "encoding"), (601, "malformed")]
+    monkeypatch.setattr(rows_module, "MAX_LINE_BYTES", 300)  # long lines cross chunk ends as "too_long"
+    small = [item for chunk in chunks(corpus, 97) for item in chunk.items()]
+    again = [item for chunk in chunks(corpus, 1 << 30) for item in chunk.items()]
+    assert small == again
+    assert [getattr(i, "line") for i in small] == [getattr(i, "line") for i in whole]
+    assert any(getattr(i, "kind", "") == "too_long" for i in small)
+
+
+def test_the_digest_of_chunks_is_the_digest_of_everything(corpus, encoder, whole):
+    one = whole
+    many = run_pass(corpus, PLAN, encoder=encoder, chunk_bytes=4096)
+    assert normal(one) == normal(many)
+    assert one.total == 2304 and one.bad_count == 4 and one.encoded == 2300
+    assert [b[1] for b in one.bad] == [301, 601, 901, 1201]  # text "" and a list are unusable rows
+    assert one.count("truncated_part") > 10 and len(one.problems["truncated_part"].first) == 10
+    assert set(one.layouts) == {"messages", "prompt_completion"}
+
+
+def test_what_is_kept_is_bounded_and_holds_the_longest_of_all(corpus, encoder, whole):
+    digest = whole
+    everything = [encoder.encode(row, sample) for row, sample in usable_pairs(read_rows(corpus)[0], PLAN)]
+    assert len(everything) == digest.encoded and list(digest.full_lengths) == [e.full_length for e in everything]
+    assert (len(digest.head), len(digest.with_problems), len(digest.usable_rows)) == (3, 3, 7)
+    trainable = digest.training_examples()
+    assert trainable[:5] == digest.first_trainable and len(trainable) <= 5 + 4
+    trains = [e for e in everything if e.trained and not any(kind in BLOCKING for kind, _ in e.problems)]
+    assert trainable[:5] == trains[:5]
+    by_length = sorted(trains, key=lambda e: e.length, reverse=True)
+    longest = sorted(trainable, key=lambda e: e.length, reverse=True)[:4]
+    assert [e.length for e in longest] == [e.length for e in by_length[:4]]
+    assert len(digest.trainable_lengths) == digest.trainable
+    # the fingerprint covers every token and label of every row
+    changed = dataclasses.replace(trains[-1], labels=(-100,) * trains[-1].length)
+    assert row_fingerprint(changed) != row_fingerprint(trains[-1])
+    assert sum(map(row_fingerprint, everything)) % 2**64 == digest.fingerprint
+
+
+def test_worker_processes_give_the_same_digest(corpus, encoder, whole):
+    one = whole
+    two = run_pass(corpus, PLAN, encoder=encoder, workers=2, chunk_bytes=16384)
+    assert normal(one) == normal(two)
+    read_one = run_pass(corpus, PLAN, workers=1, chunk_bytes=16384)
+    read_two = run_pass(corpus, PLAN, workers=2, chunk_bytes=16384)
+    assert normal(read_one) == normal(read_two) and not read_two.encoding and read_two.bad_count == 4
+
+
+class DyingEncoder:
+    """Dies in the worker as an out-of-memory kill would."""
+
+    def encode(self, row, sample=None):
+        os._exit(9)
+
+
+def test_a_worker_that_dies_is_one_clear_failure(corpus):
+    with pytest.raises(PassFailed, match=r"died .* run with --ftready-workers=1"):
+        run_pass(corpus, PLAN, encoder=DyingEncoder(), workers=2, chunk_bytes=16384)
+
+
+def test_a_long_pass_reports_rows_per_second_and_an_eta(corpus, encoder, monkeypatch):
+    lines: list[str] = []
+    monkeypatch.setattr(passes, "QUIET_SECONDS", -1.0)
+    run_pass(corpus, PLAN, encoder=encoder, chunk_bytes=65536, progress=lines.append)
+    assert len(lines) > 3 and all("rows/s, ETA" in line for line in lines)
+    assert lines[-1].startswith("data: encoded 2,304 rows (100% of ")
+
+
+def test_csv_rows_are_strings_and_a_ragged_row_is_named(tmp_path):
+    path = tmp_path / "train.csv"
+    path.write_text('prompt,completion\n"Hi, there",Hello.\n2,3\nonly one\n"a","b","c"\n', encoding="utf-8")
+    rows, problems = read_rows([path])
+    assert [(r.line, r.data) for r in rows] == [(1, {"prompt": "Hi, there", "completion": "Hello."}),
+                                                (2, {"prompt": "2", "completion": "3"})]
+    assert [(p.line, p.detail) for p in problems] == [
+        (3, "has fewer fields than the header names (2): quote fields that hold commas"),
+        (4, "has more fields than the header names (2): quote fields that hold commas")]
+
+
+def test_parquet_is_read_in_batches_numbered_across_them(tmp_path, monkeypatch):
+    import pandas
+
+    monkeypatch.setattr(rows_module, "BATCH_ROWS", 3)
+    path = tmp_path / "train.parquet"
+    pandas.DataFrame([{"prompt": f"q{i}", "completion": f"a{i}"} for i in range(8)]).to_parquet(path)
+    parts = list(chunks([path]))
+    assert [len(part.rows) for part in parts] == [3, 3, 2]
+    rows, _ = read_rows([path])
+    assert [(r.line, r.data["prompt"]) for r in rows] == [(i + 1, f"q{i}") for i in range(8)]
