@@ -24,6 +24,7 @@ from typing import Iterable, Mapping, Optional
 from ..recipe.schema import CHAT_FORMATS
 from .layouts import Chat, Sample, read_sample
 from .redaction import redact_pieces, row_values
+from .rendering import Renderer, generation_mask
 from .rows import Row
 from .verify import IGNORE_INDEX, runs, sequence_problems, verify_turns
 
@@ -87,6 +88,7 @@ class Encoder:
         if not getattr(tokenizer, "is_fast", False):
             raise ValueError("the encoder needs a fast tokenizer (offset mapping); this model's tokenizer is slow")
         self._eos_auto = self._adds_eos()
+        self.renderer = Renderer(tokenizer)  # one render gives the text and the {% generation %} spans
 
     def _need_template(self) -> None:
         if not self.template:
@@ -109,8 +111,7 @@ class Encoder:
 
     # ---- rendering -------------------------------------------------------------------
     def render(self, messages, add_generation_prompt: bool = False, tools=None) -> str:
-        return self.tok.apply_chat_template(list(messages), tools=list(tools) if tools else None, tokenize=False,
-                                            add_generation_prompt=add_generation_prompt)
+        return self.renderer.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
     def prompt_ids(self, row: Row) -> list[int]:
         """The inference prompt of a row: everything before its (last) trained response."""
@@ -124,8 +125,13 @@ class Encoder:
         return self.tok(text[: max(1, len(text) // 2)], add_special_tokens=True)["input_ids"]
 
     # ---- encoding --------------------------------------------------------------------
-    def encode(self, row: Row) -> Encoded:
-        sample = self.sample(row)
+    def encode(self, row: Row, sample: Optional[Sample] = None) -> Encoded:
+        """``sample``: the row already read by ``layouts.read_sample`` with this encoder's format,
+        train_on and roles (callers that checked the row pass it, so it is not read twice)."""
+        if sample is None:
+            sample = self.sample(row)
+        elif isinstance(sample, Chat):
+            self._need_template()
         if isinstance(sample, Chat):
             return self._encode_chat(row, sample)
         text = sample.prompt + sample.completion
@@ -144,8 +150,12 @@ class Encoder:
     def _encode_chat(self, row: Row, chat: Chat) -> Encoded:
         messages, labels, tools = chat.messages, chat.labels, chat.tools
         problems: list[tuple[str, str]] = []
+        markers = self.chat_method == CHAT_METHODS[0] and self.train_on != "all"
         try:
-            text = self.render(messages, tools=tools)
+            if markers:
+                text, generation = self.renderer.render_marked(messages, tools=tools)
+            else:
+                text = self.render(messages, tools=tools)
         except Exception as exc:  # jinja raises TemplateError, TypeError, ...; report, don't crash
             return Encoded(row, (), (), self.chat_method, 0, 0, (("render_error", f"template failed: {exc}"),))
         spans = []
@@ -166,8 +176,8 @@ class Encoder:
                 continue
             spans.append((len(prompt), len(upto)))
         base = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        if self.chat_method == CHAT_METHODS[0] and self.train_on != "all":
-            spans = self._marker_spans(chat, base, problems)
+        if markers:
+            spans = self._marker_spans(chat, base, problems, generation)
         final = self.tok(text, add_special_tokens=True, return_offsets_mapping=True) if self.add_special else base
         ids, offsets = list(final["input_ids"]), final["offset_mapping"]
         if self.train_on == "all":
@@ -179,15 +189,19 @@ class Encoder:
             problems += verify_turns(chat, text, offsets, trained, self.train_on)
         return self._finish(row, ids, trained, problems, self.chat_method)
 
-    def _marker_spans(self, chat: Chat, base, problems) -> list[tuple[int, int]]:
+    def _marker_spans(self, chat: Chat, base, problems, generation=None) -> list[tuple[int, int]]:
         """The template's {% generation %} mask, less the assistant turns that must not train
-        (flagged, a prompt's, or not the last under last_assistant)."""
-        out = self.tok.apply_chat_template(list(chat.messages), tools=list(chat.tools) if chat.tools else None,
-                                           tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-        mask = [bool(m) for m in out["assistant_masks"]]
-        if list(out["input_ids"]) != list(base["input_ids"]):
-            problems.append(("render_error", "the template's tokenization differs from tokenizing its rendered text"))
-            return []
+        (flagged, a prompt's, or not the last under last_assistant). ``generation``: the character
+        spans of the blocks in the rendered text, when the render gave them; the mask is then
+        apply_chat_template's, computed on ``base`` (the tokenization of that very text)."""
+        mask = None if generation is None else generation_mask(base, generation)
+        if mask is None:
+            out = self.tok.apply_chat_template(list(chat.messages), tools=list(chat.tools) if chat.tools else None,
+                                               tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+            mask = [bool(m) for m in out["assistant_masks"]]
+            if list(out["input_ids"]) != list(base["input_ids"]):
+                problems.append(("render_error", "the template's tokenization differs from tokenizing its rendered text"))
+                return []
         if not any(mask):
             problems.append(("markers_empty", "the template's {% generation %} blocks mark no token; "
                              "its assistant mask is all zero"))
