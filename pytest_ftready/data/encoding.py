@@ -46,7 +46,7 @@ class Encoded:
 
     @property
     def trained(self) -> int:
-        return sum(1 for label in self.labels if label != IGNORE_INDEX)
+        return len(self.labels) - self.labels.count(IGNORE_INDEX)
 
     @property
     def length(self) -> int:
@@ -176,21 +176,27 @@ class Encoder:
                 continue
             spans.append((len(prompt), len(upto)))
         base = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        if markers:
-            spans = self._marker_spans(chat, base, problems, generation)
+        blocks = self._marker_blocks(chat, base, problems, generation) if markers else None
         final = self.tok(text, add_special_tokens=True, return_offsets_mapping=True) if self.add_special else base
         ids, offsets = list(final["input_ids"]), final["offset_mapping"]
         if self.train_on == "all":
             trained = [True] * len(ids)
         else:
-            trained = _trained_flags(offsets, spans)
+            zero = _zero_width(offsets) if blocks is not None and final is base else None
+            if zero is not None:  # the blocks' own tokens, in order: the flags are the blocks
+                trained = _block_flags(len(ids), blocks, zero)
+            else:
+                if blocks is not None:  # each marked token's characters, mapped onto the final tokens
+                    base_offsets = base["offset_mapping"]
+                    spans = [tuple(o) for start, end in blocks for o in base_offsets[start:end] if o[1] > o[0]]
+                trained = _trained_flags(offsets, spans)
             if self.chat_method == CHAT_METHODS[1]:
                 _trim_after_stop(ids, trained, self.stop_ids)
             problems += verify_turns(chat, text, offsets, trained, self.train_on)
         return self._finish(row, ids, trained, problems, self.chat_method)
 
-    def _marker_spans(self, chat: Chat, base, problems, generation=None) -> list[tuple[int, int]]:
-        """The template's {% generation %} mask, less the assistant turns that must not train
+    def _marker_blocks(self, chat: Chat, base, problems, generation=None) -> list[tuple[int, int]]:
+        """The (start, end) token runs of ``base`` in the template's {% generation %} mask, less the assistant turns that must not train
         (flagged, a prompt's, or not the last under last_assistant). ``generation``: the character
         spans of the blocks in the rendered text, when the render gave them; the mask is then
         apply_chat_template's, computed on ``base`` (the tokenization of that very text)."""
@@ -213,16 +219,15 @@ class Encoder:
         elif self.train_on == "last_assistant":
             blocks = blocks[-1:]
         # otherwise the blocks do not line up with the turns: keep them all; verify_turns says what is wrong
-        offsets = base["offset_mapping"]
-        return [tuple(offsets[k]) for start, end in blocks for k in range(start, end) if offsets[k][1] > offsets[k][0]]
+        return blocks
 
     def _finish(self, row: Row, ids: list[int], trained: list[bool], problems: list, method: str) -> Encoded:
         problems = list(problems) + sequence_problems(self.tok, ids, trained, self.stop_ids)
-        trained_full = sum(trained)
+        trained_full = trained.count(True)
         labels = [t if flag else IGNORE_INDEX for t, flag in zip(ids, trained)]
         full_length = len(ids)
         ids, labels = ids[: self.max_length], labels[: self.max_length]
-        kept = sum(1 for label in labels if label != IGNORE_INDEX)
+        kept = len(labels) - labels.count(IGNORE_INDEX)
         if trained_full and kept == 0:
             problems.append(("truncated_all", f"max_length {self.max_length} cuts the whole response "
                              f"({full_length} tokens, response starts at token {trained.index(True)})"))
@@ -235,26 +240,83 @@ class Encoder:
 
 
 def _trained_flags(offsets, spans) -> list[bool]:
-    spans = sorted(spans)
-    span_starts = [a for a, _ in spans]
+    """Per token: does its first character fall in the span with the greatest start at or
+    before it (zero-width tokens never train)? One pass over the tokens."""
+    cover = _cover(spans)
+    ends = [hi for _, hi in cover]
+    inf = float("inf")
     flags = []
+    append = flags.append
+    j, prev = 0, -1
+    lo, hi = cover[0] if cover else (inf, inf)
     for a, b in offsets:
         if b <= a:
-            flags.append(False)
+            append(False)
             continue
-        k = bisect.bisect_right(span_starts, a) - 1
-        flags.append(k >= 0 and spans[k][0] <= a < spans[k][1])
+        if a < prev:  # offsets out of order: find the interval again
+            j = bisect.bisect_right(ends, a)
+            lo, hi = cover[j] if j < len(cover) else (inf, inf)
+        prev = a
+        while a >= hi:
+            j += 1
+            lo, hi = cover[j] if j < len(cover) else (inf, inf)
+        append(a >= lo)
     return flags
+
+
+def _zero_width(offsets) -> Optional[list[int]]:
+    """The indices of the tokens without characters, or None when the other tokens overlap or
+    go back. When None is not returned, a token trains exactly when it is in a marked block and
+    has characters (what ``_trained_flags`` of the block tokens' spans gives)."""
+    zero, end = [], -1
+    for k, (a, b) in enumerate(offsets):
+        if b <= a:
+            zero.append(k)
+        elif a < end:
+            return None
+        else:
+            end = b
+    return zero
+
+
+def _block_flags(n: int, blocks, zero: list[int]) -> list[bool]:
+    flags = [False] * n
+    for start, end in blocks:
+        flags[start:end] = [True] * (end - start)
+    for k in zero:
+        flags[k] = False
+    return flags
+
+
+def _cover(spans) -> list[tuple[int, int]]:
+    """The characters where "the span with the greatest start at or before this character
+    contains it" holds, as sorted disjoint (start, end) intervals: each span decides from its
+    start up to the next greater start (of equal starts, the last in sorted order decides)."""
+    spans = sorted(spans)
+    cover: list[tuple[int, int]] = []
+    last = len(spans) - 1
+    for k, (a, b) in enumerate(spans):
+        if k < last:
+            nxt = spans[k + 1][0]
+            if nxt == a:
+                continue
+            if nxt < b:
+                b = nxt
+        if b > a:
+            if cover and cover[-1][1] == a:
+                cover[-1] = (cover[-1][0], b)
+            else:
+                cover.append((a, b))
+    return cover
 
 
 def _trim_after_stop(ids: list[int], trained: list[bool], stop_ids: frozenset[int]) -> None:
     """Prefix-diff spans end with the template's text after the stop token (a newline):
     that text is never generated, so it carries no loss."""
     for start, end in runs(trained):
-        stops = [k for k in range(start, end) if ids[k] in stop_ids]
-        if stops:
-            for k in range(stops[-1] + 1, end):
-                trained[k] = False
+        last = next((k for k in range(end - 1, start - 1, -1) if ids[k] in stop_ids), None)
+        if last is not None:
+            trained[last + 1:end] = [False] * (end - last - 1)
 
 
 def mask_runs(tokenizer, encoded: Encoded, limit: Optional[int] = None) -> list[tuple[str, bool]]:

@@ -91,16 +91,21 @@ def generation_mask(encoding, spans: Sequence[tuple[int, int]]) -> Optional[list
     transformers 5 marks every token that overlaps a span; transformers 4 marked the tokens
     from ``char_to_token(start)`` to ``char_to_token(end - 1)``. Both are computed here."""
     offsets = encoding["offset_mapping"]
-    n = len(offsets)
+    n, count = len(offsets), len(spans)
     overlap = [False] * n
     k = 0
-    for token, (start, end) in enumerate(offsets):
-        while k < len(spans) and start >= spans[k][1]:
-            k += 1
-        if k == len(spans):
-            break
-        if end > spans[k][0]:
-            overlap[token] = True
+    if count:
+        lo, hi = spans[0]
+        for token, (start, end) in enumerate(offsets):
+            while start >= hi:
+                k += 1
+                if k == count:
+                    break
+                lo, hi = spans[k]
+            if k == count:
+                break
+            if end > lo:
+                overlap[token] = True
     old = [False] * n
     for start_char, end_char in spans:
         first = encoding.char_to_token(start_char)

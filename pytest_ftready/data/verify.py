@@ -19,7 +19,7 @@ def verify_turns(chat, text: str, offsets, trained: list[bool], train_on: str) -
     """Independent of how the spans were found: locate each message's content in the render and
     compare what is trained with what the row asks for (its responses, its training flags)."""
     starts = [a if b > a else -1 for a, b in offsets]
-    order = sorted(range(len(starts)), key=lambda k: starts[k])
+    order = sorted(range(len(starts)), key=starts.__getitem__)  # stable: offsets come (nearly) in order
     sorted_starts = [starts[k] for k in order]
     problems = []
     cursor = 0
@@ -52,14 +52,18 @@ def verify_turns(chat, text: str, offsets, trained: list[bool], train_on: str) -
 
 def runs(flags: Sequence[bool]) -> list[tuple[int, int]]:
     """(start, end) of each run of consecutive True flags."""
-    out, start = [], None
-    for i, flag in enumerate(list(flags) + [False]):
-        if flag and start is None:
-            start = i
-        elif not flag and start is not None:
-            out.append((start, i))
-            start = None
-    return out
+    flags = list(map(bool, flags))
+    out, at, n = [], 0, len(flags)
+    while True:
+        try:
+            start = flags.index(True, at)
+        except ValueError:
+            return out
+        try:
+            at = flags.index(False, start)
+        except ValueError:
+            at = n
+        out.append((start, at))
 
 
 def sequence_problems(tokenizer, ids: Sequence[int], trained: Sequence[bool],
@@ -71,7 +75,7 @@ def sequence_problems(tokenizer, ids: Sequence[int], trained: Sequence[bool],
         problems.append(("bos_doubled", "the sequence starts with BOS twice (the template writes BOS and the "
                          "tokenizer adds another)"))
     spans = runs(trained)
-    missing = [r for r in spans if not any(ids[k] in stop_ids for k in range(*r))]
+    missing = [(a, b) for a, b in spans if stop_ids.isdisjoint(ids[a:b])]
     if spans and missing and stop_ids:
         names = ", ".join(sorted({tokenizer.convert_ids_to_tokens(s) for s in stop_ids}))
         problems.append(("stop_untrained", f"{len(missing)} of {len(spans)} trained spans end without a stop "
