@@ -17,6 +17,7 @@ that trains user tokens, or leaves the end-of-turn token out, is caught either w
 from __future__ import annotations
 
 import bisect
+import operator
 import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
@@ -268,6 +269,11 @@ def _zero_width(offsets) -> Optional[list[int]]:
     """The indices of the tokens without characters, or None when the other tokens overlap or
     go back. When None is not returned, a token trains exactly when it is in a marked block and
     has characters (what ``_trained_flags`` of the block tokens' spans gives)."""
+    if not offsets:
+        return []
+    starts, ends = zip(*offsets)
+    if all(map(operator.lt, starts, ends)) and all(map(operator.le, ends[:-1], starts[1:])):
+        return []  # the usual case, checked without a Python loop per token
     zero, end = [], -1
     for k, (a, b) in enumerate(offsets):
         if b <= a:

@@ -13,7 +13,10 @@ signature, or the tokenizer overrides ``apply_chat_template``, every render goes
 
 from __future__ import annotations
 
+import bisect
 import inspect
+import itertools
+import operator
 from typing import Callable, Optional, Sequence
 
 # the parameters of transformers' render_jinja_template this module relies on, in order
@@ -91,7 +94,39 @@ def generation_mask(encoding, spans: Sequence[tuple[int, int]]) -> Optional[list
     transformers 5 marks every token that overlaps a span; transformers 4 marked the tokens
     from ``char_to_token(start)`` to ``char_to_token(end - 1)``. Both are computed here."""
     offsets = encoding["offset_mapping"]
+    overlap = _overlap_mask(offsets, spans)
+    n = len(offsets)
+    old = [False] * n
+    for start_char, end_char in spans:
+        first = encoding.char_to_token(start_char)
+        last = encoding.char_to_token(end_char - 1)
+        if first is None:
+            break
+        stop = last + 1 if last else n
+        old[first:stop] = [True] * max(0, min(stop, n) - first)
+    return overlap if overlap == old else None
+
+
+def _overlap_mask(offsets, spans: Sequence[tuple[int, int]]) -> list[bool]:
+    """transformers 5's loop: a pointer over the spans, each token marked when it overlaps the
+    first span not yet passed. Where the token starts and ends never go back (the usual case)
+    the tokens each span decides are found by bisection, without a Python loop per token."""
     n, count = len(offsets), len(spans)
+    if n and count:
+        starts, ends = zip(*offsets)
+        if all(map(operator.le, starts[:-1], starts[1:])) and all(map(operator.le, ends[:-1], ends[1:])):
+            # the pointer stops at the first span whose end is past the token's start, i.e. the first
+            # span whose running maximum end is past it: span k decides tokens starting in [reach[k-1], reach[k])
+            reach = list(itertools.accumulate((hi for _, hi in spans), max))
+            mask = [False] * n
+            below = float("-inf")
+            for (lo, _), upto in zip(spans, reach):
+                if upto > below:
+                    first, stop = bisect.bisect_left(starts, below), bisect.bisect_left(starts, upto)
+                    marked = bisect.bisect_right(ends, lo, first, stop)  # ends grow: the overlapping ones are a suffix
+                    mask[marked:stop] = [True] * (stop - marked)
+                    below = upto
+            return mask
     overlap = [False] * n
     k = 0
     if count:
@@ -106,12 +141,4 @@ def generation_mask(encoding, spans: Sequence[tuple[int, int]]) -> Optional[list
                 break
             if end > lo:
                 overlap[token] = True
-    old = [False] * n
-    for start_char, end_char in spans:
-        first = encoding.char_to_token(start_char)
-        last = encoding.char_to_token(end_char - 1)
-        if first is None:
-            break
-        stop = last + 1 if last else n
-        old[first:stop] = [True] * max(0, min(stop, n) - first)
-    return overlap if overlap == old else None
+    return overlap

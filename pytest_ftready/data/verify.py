@@ -10,6 +10,7 @@ which of them train, and the flag that stops a turn training."""
 from __future__ import annotations
 
 import bisect
+import operator
 from typing import Optional, Sequence
 
 IGNORE_INDEX = -100
@@ -19,8 +20,11 @@ def verify_turns(chat, text: str, offsets, trained: list[bool], train_on: str) -
     """Independent of how the spans were found: locate each message's content in the render and
     compare what is trained with what the row asks for (its responses, its training flags)."""
     starts = [a if b > a else -1 for a, b in offsets]
-    order = sorted(range(len(starts)), key=starts.__getitem__)  # stable: offsets come (nearly) in order
-    sorted_starts = [starts[k] for k in order]
+    if all(map(operator.le, starts[:-1], starts[1:])):  # the usual case: the tokens in order already
+        order, sorted_starts = None, starts
+    else:
+        order = sorted(range(len(starts)), key=starts.__getitem__)
+        sorted_starts = [starts[k] for k in order]
     problems = []
     cursor = 0
     turns = set(chat.trained)
@@ -34,10 +38,9 @@ def verify_turns(chat, text: str, offsets, trained: list[bool], train_on: str) -
         cursor = at + len(content)
         lo = bisect.bisect_left(sorted_starts, at)
         hi = bisect.bisect_left(sorted_starts, cursor)
-        tokens = [order[k] for k in range(lo, hi)]
-        if not tokens:
+        if hi <= lo:
             continue
-        flags = [trained[t] for t in tokens]
+        flags = trained[lo:hi] if order is None else [trained[order[k]] for k in range(lo, hi)]
         label, role = chat.labels[i], message.get("role")
         if i in turns and not all(flags):
             problems.append(("assistant_untrained", f"{sum(1 for f in flags if not f)} of {len(flags)} tokens of "
