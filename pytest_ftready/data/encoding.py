@@ -225,9 +225,9 @@ class Encoder:
     def _finish(self, row: Row, ids: list[int], trained: list[bool], problems: list, method: str) -> Encoded:
         problems = list(problems) + sequence_problems(self.tok, ids, trained, self.stop_ids)
         trained_full = trained.count(True)
-        labels = [t if flag else IGNORE_INDEX for t, flag in zip(ids, trained)]
         full_length = len(ids)
-        ids, labels = ids[: self.max_length], labels[: self.max_length]
+        ids = ids[: self.max_length]
+        labels = [t if flag else IGNORE_INDEX for t, flag in zip(ids, trained)]
         kept = len(labels) - labels.count(IGNORE_INDEX)
         if trained_full and kept == 0:
             problems.append(("truncated_all", f"max_length {self.max_length} cuts the whole response "

@@ -19,7 +19,9 @@ IGNORE_INDEX = -100
 def verify_turns(chat, text: str, offsets, trained: list[bool], train_on: str) -> list[tuple[str, str]]:
     """Independent of how the spans were found: locate each message's content in the render and
     compare what is trained with what the row asks for (its responses, its training flags)."""
-    starts = [a if b > a else -1 for a, b in offsets]
+    starts, ends = (list(column) for column in zip(*offsets)) if len(offsets) else ([], [])
+    if not all(map(operator.lt, starts, ends)):  # tokens without characters are found nowhere
+        starts = [a if b > a else -1 for a, b in offsets]
     if all(map(operator.le, starts[:-1], starts[1:])):  # the usual case: the tokens in order already
         order, sorted_starts = None, starts
     else:
