@@ -131,9 +131,8 @@ class Encoder:
         train_on and roles (callers that checked the row pass it, so it is not read twice)."""
         if sample is None:
             sample = self.sample(row)
-        elif isinstance(sample, Chat):
-            self._need_template()
         if isinstance(sample, Chat):
+            self._need_template()
             return self._encode_chat(row, sample)
         text = sample.prompt + sample.completion
         spans = [(0 if self.train_on == "all" else len(sample.prompt), None)]
@@ -197,10 +196,11 @@ class Encoder:
         return self._finish(row, ids, trained, problems, self.chat_method)
 
     def _marker_blocks(self, chat: Chat, base, problems, generation=None) -> list[tuple[int, int]]:
-        """The (start, end) token runs of ``base`` in the template's {% generation %} mask, less the assistant turns that must not train
-        (flagged, a prompt's, or not the last under last_assistant). ``generation``: the character
-        spans of the blocks in the rendered text, when the render gave them; the mask is then
-        apply_chat_template's, computed on ``base`` (the tokenization of that very text)."""
+        """The (start, end) token runs of ``base`` in the template's {% generation %} mask, less the
+        assistant turns that must not train (flagged, a prompt's, or not the last under
+        last_assistant). ``generation``: the character spans of the blocks in the rendered text,
+        when the render gave them; the mask is then apply_chat_template's, computed on ``base``
+        (the tokenization of that very text)."""
         mask = None if generation is None else generation_mask(base, generation)
         if mask is None:
             out = self.tok.apply_chat_template(list(chat.messages), tools=list(chat.tools) if chat.tools else None,
