@@ -17,6 +17,7 @@ that trains user tokens, or leaves the end-of-turn token out, is caught either w
 from __future__ import annotations
 
 import bisect
+import operator
 import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
@@ -24,6 +25,7 @@ from typing import Iterable, Mapping, Optional
 from ..recipe.schema import CHAT_FORMATS
 from .layouts import Chat, Sample, read_sample
 from .redaction import redact_pieces, row_values
+from .rendering import Renderer, generation_mask
 from .rows import Row
 from .verify import IGNORE_INDEX, runs, sequence_problems, verify_turns
 
@@ -45,7 +47,7 @@ class Encoded:
 
     @property
     def trained(self) -> int:
-        return sum(1 for label in self.labels if label != IGNORE_INDEX)
+        return len(self.labels) - self.labels.count(IGNORE_INDEX)
 
     @property
     def length(self) -> int:
@@ -87,6 +89,7 @@ class Encoder:
         if not getattr(tokenizer, "is_fast", False):
             raise ValueError("the encoder needs a fast tokenizer (offset mapping); this model's tokenizer is slow")
         self._eos_auto = self._adds_eos()
+        self.renderer = Renderer(tokenizer)  # one render gives the text and the {% generation %} spans
 
     def _need_template(self) -> None:
         if not self.template:
@@ -109,8 +112,7 @@ class Encoder:
 
     # ---- rendering -------------------------------------------------------------------
     def render(self, messages, add_generation_prompt: bool = False, tools=None) -> str:
-        return self.tok.apply_chat_template(list(messages), tools=list(tools) if tools else None, tokenize=False,
-                                            add_generation_prompt=add_generation_prompt)
+        return self.renderer.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
     def prompt_ids(self, row: Row) -> list[int]:
         """The inference prompt of a row: everything before its (last) trained response."""
@@ -125,7 +127,8 @@ class Encoder:
 
     # ---- encoding --------------------------------------------------------------------
     def encode(self, row: Row, sample: Optional[Sample] = None) -> Encoded:
-        """``sample``: the row already read by ``layouts.read_sample`` (with no problems), if at hand."""
+        """``sample``: the row already read by ``layouts.read_sample`` with this encoder's format,
+        train_on and roles (callers that checked the row pass it, so it is not read twice)."""
         if sample is None:
             sample = self.sample(row)
         if isinstance(sample, Chat):
@@ -147,8 +150,12 @@ class Encoder:
     def _encode_chat(self, row: Row, chat: Chat) -> Encoded:
         messages, labels, tools = chat.messages, chat.labels, chat.tools
         problems: list[tuple[str, str]] = []
+        markers = self.chat_method == CHAT_METHODS[0] and self.train_on != "all"
         try:
-            text = self.render(messages, tools=tools)
+            if markers:
+                text, generation = self.renderer.render_marked(messages, tools=tools)
+            else:
+                text = self.render(messages, tools=tools)
         except Exception as exc:  # jinja raises TemplateError, TypeError, ...; report, don't crash
             return Encoded(row, (), (), self.chat_method, 0, 0, (("render_error", f"template failed: {exc}"),))
         spans = []
@@ -169,28 +176,39 @@ class Encoder:
                 continue
             spans.append((len(prompt), len(upto)))
         base = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        if self.chat_method == CHAT_METHODS[0] and self.train_on != "all":
-            spans = self._marker_spans(chat, base, problems)
+        blocks = self._marker_blocks(chat, base, problems, generation) if markers else None
         final = self.tok(text, add_special_tokens=True, return_offsets_mapping=True) if self.add_special else base
         ids, offsets = list(final["input_ids"]), final["offset_mapping"]
         if self.train_on == "all":
             trained = [True] * len(ids)
         else:
-            trained = _trained_flags(offsets, spans)
+            zero = _zero_width(offsets) if blocks is not None and final is base else None
+            if zero is not None:  # the blocks' own tokens, in order: the flags are the blocks
+                trained = _block_flags(len(ids), blocks, zero)
+            else:
+                if blocks is not None:  # each marked token's characters, mapped onto the final tokens
+                    base_offsets = base["offset_mapping"]
+                    spans = [tuple(o) for start, end in blocks for o in base_offsets[start:end] if o[1] > o[0]]
+                trained = _trained_flags(offsets, spans)
             if self.chat_method == CHAT_METHODS[1]:
                 _trim_after_stop(ids, trained, self.stop_ids)
             problems += verify_turns(chat, text, offsets, trained, self.train_on)
         return self._finish(row, ids, trained, problems, self.chat_method)
 
-    def _marker_spans(self, chat: Chat, base, problems) -> list[tuple[int, int]]:
-        """The template's {% generation %} mask, less the assistant turns that must not train
-        (flagged, a prompt's, or not the last under last_assistant)."""
-        out = self.tok.apply_chat_template(list(chat.messages), tools=list(chat.tools) if chat.tools else None,
-                                           tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-        mask = [bool(m) for m in out["assistant_masks"]]
-        if list(out["input_ids"]) != list(base["input_ids"]):
-            problems.append(("render_error", "the template's tokenization differs from tokenizing its rendered text"))
-            return []
+    def _marker_blocks(self, chat: Chat, base, problems, generation=None) -> list[tuple[int, int]]:
+        """The (start, end) token runs of ``base`` in the template's {% generation %} mask, less the
+        assistant turns that must not train (flagged, a prompt's, or not the last under
+        last_assistant). ``generation``: the character spans of the blocks in the rendered text,
+        when the render gave them; the mask is then apply_chat_template's, computed on ``base``
+        (the tokenization of that very text)."""
+        mask = None if generation is None else generation_mask(base, generation)
+        if mask is None:
+            out = self.tok.apply_chat_template(list(chat.messages), tools=list(chat.tools) if chat.tools else None,
+                                               tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+            mask = [bool(m) for m in out["assistant_masks"]]
+            if list(out["input_ids"]) != list(base["input_ids"]):
+                problems.append(("render_error", "the template's tokenization differs from tokenizing its rendered text"))
+                return []
         if not any(mask):
             problems.append(("markers_empty", "the template's {% generation %} blocks mark no token; "
                              "its assistant mask is all zero"))
@@ -202,16 +220,15 @@ class Encoder:
         elif self.train_on == "last_assistant":
             blocks = blocks[-1:]
         # otherwise the blocks do not line up with the turns: keep them all; verify_turns says what is wrong
-        offsets = base["offset_mapping"]
-        return [tuple(offsets[k]) for start, end in blocks for k in range(start, end) if offsets[k][1] > offsets[k][0]]
+        return blocks
 
     def _finish(self, row: Row, ids: list[int], trained: list[bool], problems: list, method: str) -> Encoded:
         problems = list(problems) + sequence_problems(self.tok, ids, trained, self.stop_ids)
-        trained_full = sum(trained)
-        labels = [t if flag else IGNORE_INDEX for t, flag in zip(ids, trained)]
+        trained_full = trained.count(True)
         full_length = len(ids)
-        ids, labels = ids[: self.max_length], labels[: self.max_length]
-        kept = sum(1 for label in labels if label != IGNORE_INDEX)
+        ids = ids[: self.max_length]
+        labels = [t if flag else IGNORE_INDEX for t, flag in zip(ids, trained)]
+        kept = len(labels) - labels.count(IGNORE_INDEX)
         if trained_full and kept == 0:
             problems.append(("truncated_all", f"max_length {self.max_length} cuts the whole response "
                              f"({full_length} tokens, response starts at token {trained.index(True)})"))
@@ -224,26 +241,88 @@ class Encoder:
 
 
 def _trained_flags(offsets, spans) -> list[bool]:
-    spans = sorted(spans)
-    span_starts = [a for a, _ in spans]
+    """Per token: does its first character fall in the span with the greatest start at or
+    before it (zero-width tokens never train)? One pass over the tokens."""
+    cover = _cover(spans)
+    ends = [hi for _, hi in cover]
+    inf = float("inf")
     flags = []
+    append = flags.append
+    j, prev = 0, -1
+    lo, hi = cover[0] if cover else (inf, inf)
     for a, b in offsets:
         if b <= a:
-            flags.append(False)
+            append(False)
             continue
-        k = bisect.bisect_right(span_starts, a) - 1
-        flags.append(k >= 0 and spans[k][0] <= a < spans[k][1])
+        if a < prev:  # offsets out of order: find the interval again
+            j = bisect.bisect_right(ends, a)
+            lo, hi = cover[j] if j < len(cover) else (inf, inf)
+        prev = a
+        while a >= hi:
+            j += 1
+            lo, hi = cover[j] if j < len(cover) else (inf, inf)
+        append(a >= lo)
     return flags
+
+
+def _zero_width(offsets) -> Optional[list[int]]:
+    """The indices of the tokens without characters, or None when the other tokens overlap or
+    go back. When None is not returned, a token trains exactly when it is in a marked block and
+    has characters (what ``_trained_flags`` of the block tokens' spans gives)."""
+    if not offsets:
+        return []
+    starts, ends = zip(*offsets)
+    if all(map(operator.lt, starts, ends)) and all(map(operator.le, ends[:-1], starts[1:])):
+        return []  # the usual case, checked without a Python loop per token
+    zero, end = [], -1
+    for k, (a, b) in enumerate(offsets):
+        if b <= a:
+            zero.append(k)
+        elif a < end:
+            return None
+        else:
+            end = b
+    return zero
+
+
+def _block_flags(n: int, blocks, zero: list[int]) -> list[bool]:
+    flags = [False] * n
+    for start, end in blocks:
+        flags[start:end] = [True] * (end - start)
+    for k in zero:
+        flags[k] = False
+    return flags
+
+
+def _cover(spans) -> list[tuple[int, int]]:
+    """The characters where "the span with the greatest start at or before this character
+    contains it" holds, as sorted disjoint (start, end) intervals: each span decides from its
+    start up to the next greater start (of equal starts, the last in sorted order decides)."""
+    spans = sorted(spans)
+    cover: list[tuple[int, int]] = []
+    last = len(spans) - 1
+    for k, (a, b) in enumerate(spans):
+        if k < last:
+            nxt = spans[k + 1][0]
+            if nxt == a:
+                continue
+            if nxt < b:
+                b = nxt
+        if b > a:
+            if cover and cover[-1][1] == a:
+                cover[-1] = (cover[-1][0], b)
+            else:
+                cover.append((a, b))
+    return cover
 
 
 def _trim_after_stop(ids: list[int], trained: list[bool], stop_ids: frozenset[int]) -> None:
     """Prefix-diff spans end with the template's text after the stop token (a newline):
     that text is never generated, so it carries no loss."""
     for start, end in runs(trained):
-        stops = [k for k in range(start, end) if ids[k] in stop_ids]
-        if stops:
-            for k in range(stops[-1] + 1, end):
-                trained[k] = False
+        last = next((k for k in range(end - 1, start - 1, -1) if ids[k] in stop_ids), None)
+        if last is not None:
+            trained[last + 1:end] = [False] * (end - last - 1)
 
 
 def mask_runs(tokenizer, encoded: Encoded, limit: Optional[int] = None) -> list[tuple[str, bool]]:

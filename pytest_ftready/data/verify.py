@@ -10,6 +10,7 @@ which of them train, and the flag that stops a turn training."""
 from __future__ import annotations
 
 import bisect
+import operator
 from typing import Optional, Sequence
 
 IGNORE_INDEX = -100
@@ -18,9 +19,14 @@ IGNORE_INDEX = -100
 def verify_turns(chat, text: str, offsets, trained: list[bool], train_on: str) -> list[tuple[str, str]]:
     """Independent of how the spans were found: locate each message's content in the render and
     compare what is trained with what the row asks for (its responses, its training flags)."""
-    starts = [a if b > a else -1 for a, b in offsets]
-    order = sorted(range(len(starts)), key=lambda k: starts[k])
-    sorted_starts = [starts[k] for k in order]
+    starts, ends = (list(column) for column in zip(*offsets)) if len(offsets) else ([], [])
+    if not all(map(operator.lt, starts, ends)):  # tokens without characters are found nowhere
+        starts = [a if b > a else -1 for a, b in offsets]
+    if all(map(operator.le, starts[:-1], starts[1:])):  # the usual case: the tokens in order already
+        order, sorted_starts = None, starts
+    else:
+        order = sorted(range(len(starts)), key=starts.__getitem__)
+        sorted_starts = [starts[k] for k in order]
     problems = []
     cursor = 0
     turns = set(chat.trained)
@@ -34,10 +40,9 @@ def verify_turns(chat, text: str, offsets, trained: list[bool], train_on: str) -
         cursor = at + len(content)
         lo = bisect.bisect_left(sorted_starts, at)
         hi = bisect.bisect_left(sorted_starts, cursor)
-        tokens = [order[k] for k in range(lo, hi)]
-        if not tokens:
+        if hi <= lo:
             continue
-        flags = [trained[t] for t in tokens]
+        flags = trained[lo:hi] if order is None else [trained[order[k]] for k in range(lo, hi)]
         label, role = chat.labels[i], message.get("role")
         if i in turns and not all(flags):
             problems.append(("assistant_untrained", f"{sum(1 for f in flags if not f)} of {len(flags)} tokens of "
@@ -52,14 +57,18 @@ def verify_turns(chat, text: str, offsets, trained: list[bool], train_on: str) -
 
 def runs(flags: Sequence[bool]) -> list[tuple[int, int]]:
     """(start, end) of each run of consecutive True flags."""
-    out, start = [], None
-    for i, flag in enumerate(list(flags) + [False]):
-        if flag and start is None:
-            start = i
-        elif not flag and start is not None:
-            out.append((start, i))
-            start = None
-    return out
+    flags = list(map(bool, flags))
+    out, at, n = [], 0, len(flags)
+    while True:
+        try:
+            start = flags.index(True, at)
+        except ValueError:
+            return out
+        try:
+            at = flags.index(False, start)
+        except ValueError:
+            at = n
+        out.append((start, at))
 
 
 def sequence_problems(tokenizer, ids: Sequence[int], trained: Sequence[bool],
@@ -71,7 +80,7 @@ def sequence_problems(tokenizer, ids: Sequence[int], trained: Sequence[bool],
         problems.append(("bos_doubled", "the sequence starts with BOS twice (the template writes BOS and the "
                          "tokenizer adds another)"))
     spans = runs(trained)
-    missing = [r for r in spans if not any(ids[k] in stop_ids for k in range(*r))]
+    missing = [(a, b) for a, b in spans if stop_ids.isdisjoint(ids[a:b])]
     if spans and missing and stop_ids:
         names = ", ".join(sorted({tokenizer.convert_ids_to_tokens(s) for s in stop_ids}))
         problems.append(("stop_untrained", f"{len(missing)} of {len(spans)} trained spans end without a stop "

@@ -1,0 +1,144 @@
+"""Chat-template rendering for the encoder, without ``apply_chat_template``'s per-call overhead.
+
+``tokenizer.apply_chat_template(messages, tokenize=False)`` is, in transformers 5, template
+selection (``get_chat_template``), message normalisation (``_normalize_chat_messages``), the
+special tokens as template variables, and ``render_jinja_template``; with
+``return_assistant_tokens_mask=True`` the same render also yields the character spans of the
+``{% generation %}`` blocks, which are mapped onto the tokens of the rendered text. This module
+makes exactly those calls itself, once per render, so one render gives both the text and the
+generation spans. Where the installed transformers lacks those functions, has another
+signature, or the tokenizer overrides ``apply_chat_template``, every render goes through
+``apply_chat_template`` itself: the results are the same either way, only slower.
+"""
+
+from __future__ import annotations
+
+import bisect
+import inspect
+import itertools
+import operator
+from typing import Callable, Optional, Sequence
+
+# the parameters of transformers' render_jinja_template this module relies on, in order
+RENDER_PARAMS = ("conversations", "tools", "documents", "chat_template", "return_assistant_tokens_mask",
+                 "continue_final_message", "add_generation_prompt")
+
+
+def _internals() -> Optional[tuple[Callable, Callable, Callable]]:
+    """(base apply_chat_template, render_jinja_template, _normalize_chat_messages), or None."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.utils import chat_template_utils as utils
+
+        render, normalize = utils.render_jinja_template, utils._normalize_chat_messages
+        params = list(inspect.signature(render).parameters.values())
+    except Exception:  # another transformers: no such functions
+        return None
+    names = tuple(p.name for p in params[: len(RENDER_PARAMS)])
+    if names != RENDER_PARAMS or params[-1].kind is not inspect.Parameter.VAR_KEYWORD:
+        return None
+    return PreTrainedTokenizerBase.apply_chat_template, render, normalize
+
+
+class Renderer:
+    """Renders conversations with one tokenizer's chat template. ``fast`` says whether the
+    direct path is used; ``force_slow()`` turns it off (tests compare both paths)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tok = tokenizer
+        internals = _internals()
+        base = internals[0] if internals else None
+        self.fast = internals is not None and getattr(type(tokenizer), "apply_chat_template", None) is base
+        self._render, self._normalize = (internals[1], internals[2]) if internals else (None, None)
+
+    def force_slow(self) -> None:
+        self.fast = False
+
+    def _slow(self, messages, tools, add_generation_prompt: bool) -> str:
+        return self.tok.apply_chat_template(list(messages), tools=list(tools) if tools else None, tokenize=False,
+                                            add_generation_prompt=add_generation_prompt)
+
+    def _direct(self, messages, tools, add_generation_prompt: bool, mask: bool):
+        """What apply_chat_template does for one conversation, without tokenizing."""
+        tools = list(tools) if tools else None
+        template = self.tok.get_chat_template(None, tools)
+        conversation = self._normalize(list(messages))
+        rendered, indices = self._render(conversations=[conversation], tools=tools, documents=None,
+                                         chat_template=template, return_assistant_tokens_mask=mask,
+                                         continue_final_message=False, add_generation_prompt=add_generation_prompt,
+                                         **self.tok.special_tokens_map)
+        return rendered[0], (indices[0] if mask else None)
+
+    def _direct_ok(self, messages) -> bool:
+        # apply_chat_template's own checks (empty conversation, a batch) raise or branch: let it
+        return self.fast and bool(messages) and isinstance(messages[0], dict)
+
+    def render(self, messages: Sequence[dict], add_generation_prompt: bool = False, tools=None) -> str:
+        if self._direct_ok(messages):
+            return self._direct(messages, tools, add_generation_prompt, False)[0]
+        return self._slow(messages, tools, add_generation_prompt)
+
+    def render_marked(self, messages: Sequence[dict], tools=None) -> tuple[str, Optional[list[tuple[int, int]]]]:
+        """The training render and the character spans of its {% generation %} blocks (None
+        when only the slow path is available: the caller asks apply_chat_template for the mask)."""
+        if self._direct_ok(messages):
+            return self._direct(messages, tools, False, True)
+        return self._slow(messages, tools, False), None
+
+
+def generation_mask(encoding, spans: Sequence[tuple[int, int]]) -> Optional[list[bool]]:
+    """The assistant mask apply_chat_template gives for ``spans`` over ``encoding`` (one
+    tokenization of the rendered text, with offsets), or None where the two ways transformers
+    has computed it disagree (then the caller asks apply_chat_template itself).
+
+    transformers 5 marks every token that overlaps a span; transformers 4 marked the tokens
+    from ``char_to_token(start)`` to ``char_to_token(end - 1)``. Both are computed here."""
+    offsets = encoding["offset_mapping"]
+    overlap = _overlap_mask(offsets, spans)
+    n = len(offsets)
+    old = [False] * n
+    for start_char, end_char in spans:
+        first = encoding.char_to_token(start_char)
+        last = encoding.char_to_token(end_char - 1)
+        if first is None:
+            break
+        stop = last + 1 if last else n
+        old[first:stop] = [True] * max(0, min(stop, n) - first)
+    return overlap if overlap == old else None
+
+
+def _overlap_mask(offsets, spans: Sequence[tuple[int, int]]) -> list[bool]:
+    """transformers 5's loop: a pointer over the spans, each token marked when it overlaps the
+    first span not yet passed. Where the token starts and ends never go back (the usual case)
+    the tokens each span decides are found by bisection, without a Python loop per token."""
+    n, count = len(offsets), len(spans)
+    if n and count:
+        starts, ends = zip(*offsets)
+        if all(map(operator.le, starts[:-1], starts[1:])) and all(map(operator.le, ends[:-1], ends[1:])):
+            # the pointer stops at the first span whose end is past the token's start, i.e. the first
+            # span whose running maximum end is past it: span k decides tokens starting in [reach[k-1], reach[k])
+            reach = list(itertools.accumulate((hi for _, hi in spans), max))
+            mask = [False] * n
+            below = float("-inf")
+            for (lo, _), upto in zip(spans, reach):
+                if upto > below:
+                    first, stop = bisect.bisect_left(starts, below), bisect.bisect_left(starts, upto)
+                    marked = bisect.bisect_right(ends, lo, first, stop)  # ends grow: the overlapping ones are a suffix
+                    mask[marked:stop] = [True] * (stop - marked)
+                    below = upto
+            return mask
+    overlap = [False] * n
+    k = 0
+    if count:
+        lo, hi = spans[0]
+        for token, (start, end) in enumerate(offsets):
+            while start >= hi:
+                k += 1
+                if k == count:
+                    break
+                lo, hi = spans[k]
+            if k == count:
+                break
+            if end > lo:
+                overlap[token] = True
+    return overlap
