@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from pytest_ftready.data.passes import cpu_count
 from tests.benchmarks.corpus import write_corpus
 
 ROWS = int(os.environ.get("FTREADY_SCALE_ROWS", "200000"))
@@ -71,45 +72,103 @@ def test_manifest_hash_against_sha256sum(benchmark, big_corpus):
     assert entry.sha256 == out.split()[0] and entry.rows == ROWS
 
 
+def _plain_rows_per_s(path, model_dir, rows: int = 20_000) -> float:
+    """The issue's baseline on one core: a plain script rendering each row with
+    ``apply_chat_template(..., return_assistant_tokens_mask=True)`` and building its labels."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    with open(path, encoding="utf-8") as handle:
+        sample = [json.loads(line)["messages"] for _, line in zip(range(rows), handle)]
+    start = time.perf_counter()
+    for messages in sample:
+        out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        [t if m else -100 for t, m in zip(out["input_ids"], out["assistant_masks"])]
+    return len(sample) / (time.perf_counter() - start)
+
+
+@pytest.fixture(scope="module")
+def corpus_recipe(big_corpus, tiny_example):
+    path, _ = big_corpus
+    recipe = tiny_example / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace('train = ["data/train.jsonl"]', f'train = ["{path}"]')
+                      .replace('manifest = "data/MANIFEST.json"\n', ""))
+    return recipe
+
+
+@pytest.fixture(scope="module")
+def tiny_example(tmp_path_factory, tiny_model_dir):
+    from tests.conftest import copy_example
+
+    return copy_example(tmp_path_factory.mktemp("scale-example") / "tiny", tiny_model_dir)
+
+
+ONE_WORKER: dict = {}
+PEAK_LAUNCHER = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:]); "
+                 "print(f'PEAK_KB={resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}', file=sys.stderr)")
+
+
+@pytest.mark.parametrize("workers", [1, cpu_count()], ids=lambda n: f"{n}-workers")
 @pytest.mark.benchmark(group="scale: data checks")
-def test_data_checks_throughput(benchmark, big_corpus, tiny_model_dir):
-    """Reading, layout problems, encoding with masks and verification, lengths: the work of
-    data.format + data.masking + data.lengths, next to a plain script's pass (apply_chat_template
-    with the assistant mask, then labels from the mask)."""
+def test_data_checks_throughput(benchmark, big_corpus, corpus_recipe, tiny_model_dir, workers, tmp_path):
+    """data.format + data.masking + data.lengths through pytest, as a user runs them, in a
+    process of its own (its peak RSS is the largest of that process and its workers)."""
+    path, info = big_corpus
+    command = [sys.executable, "-m", "pytest", f"--ftready={corpus_recipe}", "-p", "no:cacheprovider", "-q",
+               "-k", "data.format or data.masking or data.lengths", f"--ftready-workers={workers}",
+               f"--ftready-artifacts={tmp_path / 'arts'}", f"--junitxml={tmp_path / 'out.xml'}"]
+
+    def run():  # through a launcher that reports the peak RSS of this run's processes alone
+        return subprocess.run([sys.executable, "-c", PEAK_LAUNCHER, *command], capture_output=True, text=True,
+                              cwd=tmp_path)
+
+    done = benchmark.pedantic(run, rounds=1, iterations=1)
+    seconds = benchmark.stats.stats.median
+    peak_mb = int(done.stderr.rsplit("PEAK_KB=", 1)[1]) / 1024
+    plain = ONE_WORKER.setdefault("plain", _plain_rows_per_s(path, tiny_model_dir))
+    rows_per_s = ROWS / seconds
+    if workers == 1:
+        ONE_WORKER["rows_per_s"] = rows_per_s
+    benchmark.extra_info.update(rows=ROWS, workers=workers, rows_per_s=round(rows_per_s),
+                                mb_per_s=round(info["bytes"] / 1e6 / seconds, 2), peak_rss_mb=round(peak_mb),
+                                plain_template_rows_per_s=round(plain),
+                                ratio_vs_plain_template_per_core=round(rows_per_s / workers / plain, 2),
+                                speedup_vs_one_worker=round(rows_per_s / ONE_WORKER.get("rows_per_s", rows_per_s), 2))
+    # the three checks ran to a verdict (the generated rows are longer than max_length: data.masking may fail)
+    import xml.etree.ElementTree as ET
+
+    cases = {case.get("name"): [child.tag for child in case if child.tag in ("failure", "skipped", "error")]
+             for case in ET.parse(tmp_path / "out.xml").iter("testcase")}
+    assert cases["data.format"] == cases["data.lengths"] == [] and cases["data.masking"] in ([], ["failure"]), (
+        done.stdout[-3000:] + done.stderr[-3000:])
+
+
+IDENTITY_ROWS = int(os.environ.get("FTREADY_SCALE_IDENTITY_ROWS", "100000"))
+
+
+def test_one_and_n_workers_give_identical_findings_masks_and_lengths(tmp_path, tiny_model_dir):
+    """The issue's proof on the 100k corpus: every problem (kinds, counts, places, order), every
+    length, and the fingerprint of every row's tokens and labels agree for 1 and N workers."""
     from types import SimpleNamespace
 
     from transformers import AutoTokenizer
 
+    from pytest_ftready.data.digest import Plan
     from pytest_ftready.data.encoding import Encoder, stop_token_ids
-    from pytest_ftready.data.layouts import row_problems
-    from pytest_ftready.data.rows import read_rows
-    from pytest_ftready.units import percentile
+    from pytest_ftready.data.passes import run_pass
 
-    path, info = big_corpus
+    path = tmp_path / "chat.jsonl"
+    write_corpus(path, IDENTITY_ROWS)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    data = SimpleNamespace(format="messages", train_on="assistant", max_length=128, add_special_tokens=False)
+    data = SimpleNamespace(format="messages", train_on="assistant", max_length=128, add_special_tokens=False, roles={})
     encoder = Encoder(tok, data, stop_token_ids(tok))
-    rss_before = _peak_rss_mb()
-
-    def checks():
-        rows, problems = read_rows([path])
-        good = [r for r in rows if not row_problems(r, "messages", "assistant")]
-        lengths = [encoder.encode(r).full_length for r in good]
-        return len(rows), percentile(lengths, 0.95)
-
-    count, p95 = benchmark.pedantic(checks, rounds=1, iterations=1)
-    seconds = benchmark.stats.stats.median
-    rows, _ = read_rows([path])
-    sample = [r.data["messages"] for r in rows[:min(len(rows), 20_000)]]
-    del rows
-    start, labelled = time.perf_counter(), 0
-    for messages in sample:  # the plain script: template, assistant mask, labels
-        out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-        labels = [t if m else -100 for t, m in zip(out["input_ids"], out["assistant_masks"])]
-        labelled += len(labels)
-    plain_rows_s = len(sample) / (time.perf_counter() - start)
-    benchmark.extra_info.update(rows=ROWS, rows_per_s=round(count / seconds), mb_per_s=round(info["bytes"] / 1e6 / seconds, 2),
-                                peak_rss_mb=round(_peak_rss_mb()), peak_rss_before_mb=round(rss_before),
-                                plain_template_rows_per_s=round(plain_rows_s),
-                                ratio_vs_plain_template=round(count / seconds / plain_rows_s, 2))
-    assert count == ROWS and p95 > 0 and labelled > 0
+    plan = Plan(format="messages", train_on="assistant")
+    one = run_pass([path], plan, encoder=encoder, workers=1)
+    many = run_pass([path], plan, encoder=encoder, workers=max(2, cpu_count()))
+    assert one.encoded == IDENTITY_ROWS and one.problems
+    for name in ("problems", "bad", "bad_count", "full_lengths", "lengths", "fingerprint", "head",
+                 "with_problems", "first_trainable", "layouts", "methods"):
+        assert getattr(one, name) == getattr(many, name), name
+    assert one.training_examples() == many.training_examples()
