@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
 from .prefilter import candidate_lines
+from .rows import Row, chunks
 from .scan import Finding, active_kinds, iter_strings, scan_text
 
 Learn = Callable[[str, str], None]  # (value, kind): told each finding's value, e.g. the output gate
@@ -131,12 +132,10 @@ def scan_file(path: Path, categories: frozenset[str], learn: Optional[Learn] = N
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix in (".parquet", ".csv") or (suffix == ".json" and _starts_with(path, b"[")):
-        import datasets
-
-        ds = datasets.load_dataset({".parquet": "parquet", ".csv": "csv", ".json": "json"}[suffix],
-                                   data_files=str(path), split="train", keep_in_memory=True)
-        for i, row in enumerate(ds):
-            yield from _scan_value(str(path), i + 1, row, categories, learn=learn)
+        for chunk in chunks([path]):  # in batches, as the data pass reads them
+            for item in chunk.items():
+                if isinstance(item, Row):
+                    yield from _scan_value(str(path), item.line, item.data, categories, learn=learn)
         return
     if _is_binary(path):
         return

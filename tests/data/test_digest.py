@@ -154,3 +154,30 @@ def test_parquet_is_read_in_batches_numbered_across_them(tmp_path, monkeypatch):
     assert [len(part.rows) for part in parts] == [3, 3, 2]
     rows, _ = read_rows([path])
     assert [(r.line, r.data["prompt"]) for r in rows] == [(i + 1, f"q{i}") for i in range(8)]
+
+
+def test_the_scan_reads_csv_and_parquet_rows_as_the_data_pass_does(tmp_path):
+    import pandas
+
+    from pytest_ftready.data.audit import scan_file
+    from tests import planted
+
+    card, email = planted.CARD, planted.PII["email"]
+    (tmp_path / "train.csv").write_text(f"prompt,completion\nhello,hi\n\"pay with {card}\",ok\n", encoding="utf-8")
+    pandas.DataFrame([{"prompt": "a", "completion": "b"}, {"prompt": f"mail {email}", "completion": "c"}]).to_parquet(
+        tmp_path / "train.parquet")
+    found = [(f.line, f.finding.kind) for name in ("train.csv", "train.parquet")
+             for f in scan_file(tmp_path / name, frozenset({"pii"}))]
+    assert found == [(2, "payment_card"), (2, "email")]
+
+
+def test_the_recipe_state_passes_its_worker_count_and_gets_the_same_facts(make_state, run_check, monkeypatch):
+    pools = []
+    real = passes._in_workers
+    monkeypatch.setattr(passes, "_in_workers", lambda *args: pools.append(args[4]) or real(*args))
+    one, two = make_state(), make_state()
+    two.run.data_workers = 2
+    masking = [{m.name: m.value for m in run_check(state, "data.masking").measured} for state in (one, two)]
+    assert masking[0] == masking[1] and masking[0]["encoded_fingerprint"] != f"{0:016x}"
+    assert one.trainable_examples == two.trainable_examples and one.length_p95 == two.length_p95
+    assert pools == [2]  # the tiny data alone is read in one process; two's pass ran in 2 workers
