@@ -3,8 +3,8 @@
 Files are read in chunks (``chunks``), so a pass over a dataset of any size holds one chunk at
 a time: JSONL in byte ranges cut at line ends (each named by its first line number), read
 line by line so a malformed line is reported with its number and the other lines are still
-read; csv row by row (every field a string); parquet in record batches; a JSON array through
-``datasets`` (local files only, nothing cached), in batches. ``read_rows`` reads everything
+read; csv row by row (every field a string); parquet in record batches; a JSON array element
+by element. ``read_rows`` reads everything
 at once, for small files and tests."""
 
 from __future__ import annotations
@@ -255,15 +255,70 @@ def _parquet(path: Path) -> Iterator[RowBatch]:
         yield RowBatch((_unreadable_file(path, exc),))
 
 
-def _json_array(path: Path) -> Iterator[RowBatch]:
-    try:
-        import datasets
+def _json_array_rows(path: Path) -> Iterator[Item]:
+    """The elements of a file holding one JSON array, decoded one at a time from a bounded
+    buffer; a malformed element (or one over MAX_LINE_BYTES) ends the file with a problem."""
+    decoder = json.JSONDecoder()
+    number = 0
 
-        ds = datasets.load_dataset("json", data_files=str(path), split="train", keep_in_memory=True)
-    except Exception as exc:  # datasets raises many types for unreadable files
-        yield RowBatch((_unreadable_file(path, exc),))
-        return
-    yield from _batched(path, (Row(str(path), i + 1, item) for i, item in enumerate(ds)), len(ds))
+    def problem(detail: str) -> RowProblem:
+        return RowProblem(str(path), number + 1, "malformed", f"{detail}; the rows after it are not read")
+
+    try:
+        with path.open("r", encoding="utf-8-sig") as handle:
+            buf, at, eof = "", 0, False
+
+            def more() -> bool:
+                nonlocal buf, at, eof
+                chunk = "" if eof else handle.read(_CHUNK)
+                eof = not chunk
+                buf, at = buf[at:] + chunk, 0
+                return bool(chunk)
+
+            def skip_space() -> str:
+                nonlocal at
+                while True:
+                    while at < len(buf) and buf[at] in " \t\r\n":
+                        at += 1
+                    if at < len(buf) or not more():
+                        return buf[at] if at < len(buf) else ""
+
+            if skip_space() != "[":
+                yield problem("not a JSON array")
+                return
+            at += 1
+            while skip_space() != "]":
+                try:
+                    value, end = decoder.raw_decode(buf, at)
+                except RecursionError:
+                    yield problem("JSON nested too deeply to parse")
+                    return
+                except ValueError as exc:
+                    if len(buf) - at > MAX_LINE_BYTES:
+                        yield RowProblem(str(path), number + 1, "too_long", f"an element longer than the "
+                                         f"{MAX_LINE_BYTES // 2**20} MiB a row may hold; the rows after it are not read")
+                        return
+                    if more():
+                        continue  # the element goes on in the next piece of the file
+                    yield problem(f"not valid JSON ({getattr(exc, 'msg', exc)})")
+                    return
+                if end == len(buf) and not eof and more():
+                    continue  # a number or literal may go on: decode it again with what follows
+                number += 1
+                yield Row(str(path), number, value)
+                at = end
+                separator = skip_space()
+                if separator == ",":
+                    at += 1
+                elif separator != "]":
+                    yield problem("expected ',' or ']' after the element")
+                    return
+    except UnicodeDecodeError as exc:
+        yield problem(f"not valid UTF-8 ({exc.reason}): re-encode the file as UTF-8")
+
+
+def _json_array(path: Path) -> Iterator[RowBatch]:
+    return _batched(path, _json_array_rows(path), max(1, path.stat().st_size // 512))
 
 
 _TABLES = {".csv": _csv, ".parquet": _parquet, ".json": _json_array}

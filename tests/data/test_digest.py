@@ -181,3 +181,18 @@ def test_the_recipe_state_passes_its_worker_count_and_gets_the_same_facts(make_s
     assert masking[0] == masking[1] and masking[0]["encoded_fingerprint"] != f"{0:016x}"
     assert one.trainable_examples == two.trainable_examples and one.length_p95 == two.length_p95
     assert pools == [2]  # the tiny data alone is read in one process; two's pass ran in 2 workers
+
+
+def test_a_json_array_is_read_element_by_element_across_pieces(tmp_path, monkeypatch):
+    elements = [{"prompt": f"q{i} \u00e9\u4e2d", "completion": [i, 1.5e3, None, True, "a]b,c"]} for i in range(40)]
+    path = tmp_path / "train.json"
+    path.write_text(" \n[ " + ",\n ".join(json.dumps(e, ensure_ascii=False) for e in elements) + " ]\n", encoding="utf-8")
+    monkeypatch.setattr(rows_module, "_CHUNK", 7)  # elements, numbers and separators cut between pieces
+    monkeypatch.setattr(rows_module, "BATCH_ROWS", 16)
+    rows, problems = read_rows([path])
+    assert [r.data for r in rows] == elements and [r.line for r in rows] == list(range(1, 41)) and not problems
+    assert [len(chunk.rows) for chunk in chunks([path])] == [16, 16, 8]
+    path.write_text('[{"text": "a"}, {"text": 12345}, {"text": oops}, {"text": "never read"}]', encoding="utf-8")
+    rows, problems = read_rows([path])
+    assert [r.data["text"] for r in rows] == ["a", 12345]
+    assert [(p.line, p.kind) for p in problems] == [(3, "malformed")] and "not valid JSON" in problems[0].detail
