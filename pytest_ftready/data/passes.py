@@ -10,8 +10,11 @@ is interrupted. Imports no torch."""
 from __future__ import annotations
 
 import os
+import sys
 import time
+import types
 from collections import deque
+from contextlib import contextmanager
 from functools import partial
 from typing import Callable, Optional, Sequence
 
@@ -76,12 +79,16 @@ def _in_workers(files, plan: Plan, encoder, encoding: bool, workers: int, meter:
 
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_start_worker, initargs=(encoder,))
-    pending: deque = deque()
+    with _bare_main():  # the workers start now, each on its first task
+        started = [pool.submit(os.getpid) for _ in range(workers)]
+    pending: deque = deque((future, 0) for future in started)
 
     def merge_first() -> None:
         future, size = pending.popleft()
-        digest.merge(future.result())
-        meter.update(digest, size)
+        result = future.result()
+        if isinstance(result, DataDigest):  # not a start-up task's pid
+            digest.merge(result)
+            meter.update(digest, size)
 
     try:
         for chunk in chunks(files, chunk_bytes):
@@ -96,6 +103,21 @@ def _in_workers(files, plan: Plan, encoder, encoding: bool, workers: int, meter:
     finally:
         _stop(pool)
     return digest
+
+
+@contextmanager
+def _bare_main():
+    """A spawned worker imports the starting program's ``__main__`` again unless it has neither
+    a spec nor a file: a script without an ``if __name__ == "__main__"`` guard (pytest.main()
+    called from a script) would run again in each worker, code read from stdin cannot be found.
+    While the workers start, ``__main__`` is an empty module."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
 
 
 def _stop(pool) -> None:

@@ -196,3 +196,21 @@ def test_a_json_array_is_read_element_by_element_across_pieces(tmp_path, monkeyp
     rows, problems = read_rows([path])
     assert [r.data["text"] for r in rows] == ["a", 12345]
     assert [(p.line, p.kind) for p in problems] == [(3, "malformed")] and "not valid JSON" in problems[0].detail
+
+
+def test_workers_never_run_the_starting_script_again(corpus, tmp_path):
+    """A script without an ``if __name__ == "__main__"`` guard starts the pass once: the
+    spawned workers do not import it again."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "no_guard.py"
+    script.write_text("from pytest_ftready.data.digest import Plan\n"
+                      "from pytest_ftready.data.passes import run_pass\n"
+                      "print('script ran', flush=True)\n"
+                      f"digest = run_pass({[str(p) for p in corpus]!r}, Plan('auto', 'assistant'), workers=2, "
+                      "chunk_bytes=65536)\n"
+                      "print('rows', digest.total)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert done.stdout.splitlines() == ["script ran", "rows 2304"], done.stdout + done.stderr
