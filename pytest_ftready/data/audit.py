@@ -125,22 +125,26 @@ class Located:
         return f"{Path(self.file).name}:{self.line} {self.field}: {self.finding.where()}"
 
 
-def scan_file(path: Path, categories: frozenset[str], learn: Optional[Learn] = None) -> Iterator[Located]:
+def scan_file(path: Path, categories: frozenset[str], learn: Optional[Learn] = None,
+              read: Optional[Callable[[int], None]] = None) -> Iterator[Located]:
     """JSONL rows field by field (a line that is not JSON is scanned as text); other text line by
-    line; parquet/csv through datasets, row by row. Binary files are passed over. ``learn(value,
-    kind)`` is told each value found (the output gate), which ``Located`` never carries."""
+    line; parquet/csv/JSON arrays row by row, in batches as the data pass reads them. Binary
+    files are passed over. ``learn(value, kind)`` is told each value found (the output gate),
+    which ``Located`` never carries; ``read(n)`` of the bytes done (progress)."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix in (".parquet", ".csv") or (suffix == ".json" and _starts_with(path, b"[")):
-        for chunk in chunks([path]):  # in batches, as the data pass reads them
+        for chunk in chunks([path]):
             for item in chunk.items():
                 if isinstance(item, Row):
                     yield from _scan_value(str(path), item.line, item.data, categories, learn=learn)
+            if read is not None:
+                read(chunk.size)
         return
     if _is_binary(path):
         return
     with open(path, "rb") as handle:
-        for number, line in candidate_lines(handle):
+        for number, line in candidate_lines(handle, read=read):
             yield from _scan_line(str(path), suffix, number, line, categories, learn)
 
 
@@ -179,16 +183,18 @@ def _is_binary(path: Path) -> bool:
         return b"\0" in handle.read(8192)
 
 
-def scan_files(paths: Iterable[Path], categories: frozenset[str],
-               learn: Optional[Learn] = None) -> tuple[list[Located], int, float]:
-    """(findings, bytes scanned, seconds)."""
+def scan_files(paths: Iterable[Path], categories: frozenset[str], learn: Optional[Learn] = None,
+               progress: Optional[Callable[[str], None]] = None) -> tuple[list[Located], int, float]:
+    """(findings, bytes scanned, seconds); ``progress`` gets a line now and then on a long scan."""
+    from .meter import Meter
+
     start = time.perf_counter()
-    found, scanned = [], 0
-    for path in paths:
-        path = Path(path)
-        if path.is_file():
-            scanned += path.stat().st_size
-            found.extend(scan_file(path, categories, learn))
+    files = [Path(p) for p in paths if Path(p).is_file()]
+    scanned = sum(path.stat().st_size for path in files)
+    meter = Meter("privacy scan:", scanned, progress)
+    found = []
+    for path in files:
+        found.extend(scan_file(path, categories, learn, read=meter.update))
     return found, scanned, time.perf_counter() - start
 
 
@@ -202,13 +208,14 @@ class ScanResult:
 
 
 def scan_paths(roots: Iterable[Path], categories: frozenset[str], allowlist: Optional[str],
-               learn: Optional[Callable[[str], None]] = None) -> ScanResult:
+               learn: Optional[Callable[[str], None]] = None,
+               progress: Optional[Callable[[str], None]] = None) -> ScanResult:
     """Scan every file under ``roots`` once for every category; the allowlist read alongside.
     ``learn`` receives each finding's value (the output gate), which no result carries."""
     from .scan import load_allowlist
 
     files = [p for p in walk(roots) if p.is_file()]
-    found, scanned, seconds = scan_files(files, categories, learn=learn)
+    found, scanned, seconds = scan_files(files, categories, learn=learn, progress=progress)
     return ScanResult(found, load_allowlist(allowlist), scanned, seconds, len(files))
 
 

@@ -18,14 +18,13 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Callable, Optional, Sequence
 
-from ..units import format_duration, human_bytes
+from .meter import Meter
 from .digest import DataDigest, Encode, Plan, digest_chunk
 from .rows import CHUNK_BYTES, chunks, total_bytes
 
 # below this much data one process does the pass: starting a worker costs seconds
 PARALLEL_MIN_BYTES = {"encode": 16 * 2**20, "read": 256 * 2**20}
 IN_FLIGHT = 2  # chunks queued per worker
-QUIET_SECONDS = 2.0  # a pass shorter than this reports no progress
 
 
 def cpu_count() -> int:
@@ -62,16 +61,16 @@ def run_pass(files: Sequence, plan: Plan, *, encode: Encode = None, encoder=None
     if encoder is not None and encode is None:
         encode = partial(encode_with, encoder)
     digest = DataDigest(plan, encoding=encode is not None)
-    meter = _Meter("encoded" if encode is not None else "read", total_bytes(files), progress)
+    meter = Meter("data: encoded" if encode is not None else "data: read", total_bytes(files), progress)
     if workers > 1 and (encode is None or encoder is not None):
         return _in_workers(files, plan, encoder, encode is not None, workers, meter, digest, chunk_bytes)
     for chunk in chunks(files, chunk_bytes):
         digest.merge(digest_chunk(chunk, plan.narrowed(digest), encode))
-        meter.update(digest, chunk.size)
+        meter.update(chunk.size, digest.total)
     return digest
 
 
-def _in_workers(files, plan: Plan, encoder, encoding: bool, workers: int, meter: "_Meter", digest: DataDigest,
+def _in_workers(files, plan: Plan, encoder, encoding: bool, workers: int, meter: Meter, digest: DataDigest,
                 chunk_bytes: int) -> DataDigest:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -88,7 +87,7 @@ def _in_workers(files, plan: Plan, encoder, encoding: bool, workers: int, meter:
         result = future.result()
         if isinstance(result, DataDigest):  # not a start-up task's pid
             digest.merge(result)
-            meter.update(digest, size)
+            meter.update(size, digest.total)
 
     try:
         for chunk in chunks(files, chunk_bytes):
@@ -143,23 +142,3 @@ def _start_worker(encoder) -> None:
 
 def _digest_in_worker(chunk, plan: Plan, encoding: bool) -> DataDigest:
     return digest_chunk(chunk, plan, partial(encode_with, _ENCODER) if encoding else None)
-
-
-class _Meter:
-    """Progress of a pass, for the terminal: rows done, rows/s, share of the bytes, ETA."""
-
-    def __init__(self, what: str, size: int, report: Optional[Callable[[str], None]]) -> None:
-        self.what, self.size, self.report = what, size, report
-        self.start = time.monotonic()
-        self.done = 0
-
-    def update(self, digest: DataDigest, size: int) -> None:
-        self.done += size
-        elapsed = time.monotonic() - self.start
-        if self.report is None or elapsed < QUIET_SECONDS or not self.done:
-            return
-        share = min(1.0, self.done / self.size) if self.size else 1.0
-        rows = digest.total
-        eta = elapsed * (1 - share) / share
-        self.report(f"data: {self.what} {rows:,} rows ({share:.0%} of {human_bytes(self.size)}), "
-                    f"{rows / elapsed:,.0f} rows/s, ETA {format_duration(eta)}")

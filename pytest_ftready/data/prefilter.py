@@ -17,7 +17,7 @@ import io
 import re
 import sys
 import unicodedata
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 _D = "[0-9]"
 _H = "[0-9A-Fa-f]"
@@ -122,14 +122,17 @@ def engine() -> tuple[str, Finder]:
 CHUNK = 8 << 20
 
 
-def candidate_lines(handle, find: Finder = None) -> Iterator[tuple[int, str]]:
+def candidate_lines(handle, find: Finder = None, read: Optional[Callable[[int], None]] = None
+                    ) -> Iterator[tuple[int, str]]:
     """(line number, line) for each line of a binary ``handle`` that may hold a finding, the
     line decoded and numbered as a text-mode file reads it (UTF-8, errors replaced, universal
-    newlines)."""
+    newlines). ``read(n)`` is told of each block of n bytes read (progress)."""
     find = find or engine()[1]
     number, rest = 0, b""
     while True:
         block = handle.read(CHUNK)
+        if read is not None and block:
+            read(len(block))
         buf = rest + block
         if not buf:
             return

@@ -363,7 +363,7 @@ class RecipeState:
 
         return scan_paths([*self.recipe.data.train, *self.recipe.privacy.scan_paths],
                           frozenset(self.recipe.privacy.scan), self.recipe.privacy.allowlist,
-                          learn=self.run.gate.learn_one)
+                          learn=self.run.gate.learn_one, progress=self.progress)
 
     def computed(self, name: str) -> Any:
         """A fact some check already computed, else None (e.g. the sustained rate, if measured)."""

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_ftready.data import passes, rows as rows_module
+from pytest_ftready.data import meter, passes, rows as rows_module
 from pytest_ftready.data.digest import Plan, row_fingerprint, usable_pairs
 from pytest_ftready.data.encoding import BLOCKING, Encoder, stop_token_ids
 from pytest_ftready.data.passes import PassFailed, run_pass
@@ -127,7 +127,7 @@ def test_a_worker_that_dies_is_one_clear_failure(corpus):
 
 def test_a_long_pass_reports_rows_per_second_and_an_eta(corpus, encoder, monkeypatch):
     lines: list[str] = []
-    monkeypatch.setattr(passes, "QUIET_SECONDS", -1.0)
+    monkeypatch.setattr(meter, "QUIET_SECONDS", -1.0)
     run_pass(corpus, PLAN, encoder=encoder, chunk_bytes=65536, progress=lines.append)
     assert len(lines) > 3 and all("rows/s, ETA" in line for line in lines)
     assert lines[-1].startswith("data: encoded 2,304 rows (100% of ")
@@ -214,3 +214,15 @@ def test_workers_never_run_the_starting_script_again(corpus, tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
                           cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert done.stdout.splitlines() == ["script ran", "rows 2304"], done.stdout + done.stderr
+
+
+def test_a_long_scan_reports_its_bytes_rate_and_eta(corpus, monkeypatch):
+    from pytest_ftready.data import prefilter
+    from pytest_ftready.data.audit import scan_files
+
+    lines: list[str] = []
+    monkeypatch.setattr(meter, "QUIET_SECONDS", -1.0)
+    monkeypatch.setattr(prefilter, "CHUNK", 65536)
+    found, scanned, _ = scan_files(corpus, frozenset({"secrets", "pii"}), progress=lines.append)
+    assert found and len(lines) > 5 and all(line.startswith("privacy scan: ") and "MB/s, ETA" in line for line in lines)
+    assert f"of {lines[-1].split(' of ')[1].split(' (')[0]} (100%)" in lines[-1]  # every byte done
