@@ -21,7 +21,7 @@ from tests.benchmarks.corpus import write_corpus
 
 ROWS = int(os.environ.get("FTREADY_SCALE_ROWS", "200000"))
 ALL = frozenset({"secrets", "pii"})
-pytestmark = pytest.mark.scale
+pytestmark = [pytest.mark.scale, pytest.mark.timeout(4 * 3600)]  # a million rows take a while on one core
 
 
 def _peak_rss_mb() -> float:
