@@ -132,11 +132,23 @@ _ENCODER = None  # the worker's built-in encoder, from the initializer
 
 
 def _start_worker(encoder) -> None:
+    import multiprocessing
     import signal
+    import threading
 
     global _ENCODER
     _ENCODER = encoder
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    parent = multiprocessing.parent_process()
+    if parent is not None:  # a worker outlives no killed main process (it would wait on its queue forever)
+        threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
+
+
+def _exit_with(parent) -> None:
+    from multiprocessing.connection import wait
+
+    wait([parent.sentinel])
+    os._exit(1)
 
 
 def _digest_in_worker(chunk, plan: Plan, encoding: bool) -> DataDigest:

@@ -226,3 +226,52 @@ def test_a_long_scan_reports_its_bytes_rate_and_eta(corpus, monkeypatch):
     found, scanned, _ = scan_files(corpus, frozenset({"secrets", "pii"}), progress=lines.append)
     assert found and len(lines) > 5 and all(line.startswith("privacy scan: ") and "MB/s, ETA" in line for line in lines)
     assert f"of {lines[-1].split(' of ')[1].split(' (')[0]} (100%)" in lines[-1]  # every byte done
+
+
+class SlowEncoder:
+    """Leaves its worker's pid in a folder, then takes its time."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def encode(self, row, sample=None):
+        import pathlib
+        import time
+
+        pathlib.Path(self.folder, str(os.getpid())).touch()
+        time.sleep(60)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads process states from /proc (Linux)")
+def test_workers_end_with_a_killed_main_process(corpus, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = ("import sys; from pytest_ftready.data.digest import Plan; from pytest_ftready.data.passes import run_pass; "
+              "from tests.data.test_digest import SlowEncoder; "
+              f"run_pass({[str(p) for p in corpus]!r}, Plan('auto', 'assistant'), encoder=SlowEncoder({str(pids)!r}), "
+              "workers=2, chunk_bytes=65536)")
+    main = subprocess.Popen([sys.executable, "-c", script], cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": os.getcwd()})
+    deadline = time.monotonic() + 60
+    while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    workers = [int(p.name) for p in pids.iterdir()]
+    assert len(workers) == 2
+    main.send_signal(signal.SIGKILL)
+    main.wait()
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in workers)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
