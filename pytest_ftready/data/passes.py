@@ -23,6 +23,7 @@ from .rows import CHUNK_BYTES, chunks, total_bytes
 
 # below this much data one process does the pass: starting a worker costs seconds
 PARALLEL_MIN_BYTES = {"encode": 16 * 2**20, "read": 256 * 2**20}
+PER_WORKER_BYTES = 4 * CHUNK_BYTES  # a worker is worth starting for this much data
 IN_FLIGHT = 2  # chunks queued per worker
 
 
@@ -35,12 +36,14 @@ def cpu_count() -> int:
 
 
 def workers_for(requested: Optional[int], files: Sequence, encoding: bool) -> int:
-    """``requested`` (--ftready-workers) if given, else every CPU when the files are large
-    enough for workers to pay off, else 1."""
+    """``requested`` (--ftready-workers) if given, else, when the files are large enough for
+    workers to pay off, one per CPU with at least PER_WORKER_BYTES of data each; else 1."""
     if requested:
         return requested
-    threshold = PARALLEL_MIN_BYTES["encode" if encoding else "read"]
-    return cpu_count() if total_bytes(files) >= threshold else 1
+    size = total_bytes(files)
+    if size < PARALLEL_MIN_BYTES["encode" if encoding else "read"]:
+        return 1
+    return max(1, min(cpu_count(), size // PER_WORKER_BYTES))
 
 
 def encode_with(encoder, pairs: list) -> list:

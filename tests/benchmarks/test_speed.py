@@ -13,7 +13,7 @@ from pytest_ftready.data.rows import Row
 from pytest_ftready.tiny import example_rows
 from tests import planted
 
-ROWS = 5_000  # tests/benchmarks/test_scale.py measures a million (-m scale)
+ROWS = 3_000  # tests/benchmarks/test_scale.py measures a million (-m scale)
 
 
 @pytest.fixture(scope="module")
@@ -72,13 +72,13 @@ def test_plain_apply_chat_template_with_labels(benchmark, chat_rows, encoder):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """~1 MB of chat JSONL with the planted values sprinkled in."""
+    """~0.5 MB of chat JSONL with the planted values sprinkled in."""
     rng = random.Random(11)
     base = example_rows(300, seed=5)
     plants = planted.rows()
     lines = [json.dumps(row) + "\n" for row in plants]  # every kind at least once
     size = sum(map(len, lines))
-    while size < 1_000_000:
+    while size < 500_000:
         row = rng.choice(plants) if rng.random() < 0.02 else rng.choice(base)
         line = json.dumps(row) + "\n"
         lines.append(line)
@@ -88,7 +88,7 @@ def corpus(tmp_path_factory):
     return path
 
 
-@pytest.mark.benchmark(group="secret scanning, 1 MB of JSONL")
+@pytest.mark.benchmark(group="secret scanning, 0.5 MB of JSONL")
 def test_scanner_speed(benchmark, corpus):
     from pytest_ftready.data.audit import scan_files
 
@@ -98,7 +98,7 @@ def test_scanner_speed(benchmark, corpus):
     assert {f.finding.kind for f in found} >= set(planted.SECRETS) | set(planted.PII)
 
 
-@pytest.mark.benchmark(group="secret scanning, 1 MB of JSONL")
+@pytest.mark.benchmark(group="secret scanning, 0.5 MB of JSONL")
 def test_detect_secrets_speed(benchmark, corpus):
     from detect_secrets import SecretsCollection
     from detect_secrets.settings import default_settings

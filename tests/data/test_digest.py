@@ -24,14 +24,14 @@ BAD = [b'{"messages": "caf\xe9"}', b"{not json", b'{"text": ""}', b"[1, 2]"]
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """~2,000 chat rows (long ones are truncated at max_length 64), broken lines among them,
+    """~1,000 chat rows (long ones are truncated at max_length 64), broken lines among them,
     a second file in another layout, a BOM and CRLF line ends."""
     folder = tmp_path_factory.mktemp("digest")
     first = folder / "chat.jsonl"
-    write_corpus(first, 2000, seed=7)
+    write_corpus(first, 1000, seed=7)
     lines = first.read_bytes().splitlines()
     for k, bad in enumerate(BAD):
-        lines.insert(300 * (k + 1), bad)
+        lines.insert(200 * (k + 1), bad)
     first.write_bytes(b"\xef\xbb\xbf" + b"\r\n".join(lines) + b"\r\n")
     second = folder / "plain.jsonl"
     second.write_text("".join(json.dumps({"prompt": f"Q{i}: " + "word " * (i % 90), "completion": f"A{i}."}) + "\n"
@@ -65,8 +65,8 @@ def test_chunks_number_every_line_as_one_read_does(corpus, monkeypatch):
     whole = [list(chunk.items()) for chunk in chunks(corpus, 1 << 30)]
     whole = [item for part in whole for item in part]
     rows, problems = read_rows(corpus)
-    assert len(rows) + len(problems) == len(whole) == 2304 and rows[0].data["messages"]  # the BOM is gone
-    assert [(p.line, p.kind) for p in problems] == [(301, "encoding"), (601, "malformed")]
+    assert len(rows) + len(problems) == len(whole) == 1304 and rows[0].data["messages"]  # the BOM is gone
+    assert [(p.line, p.kind) for p in problems] == [(201, "encoding"), (401, "malformed")]
     monkeypatch.setattr(rows_module, "MAX_LINE_BYTES", 300)  # long lines cross chunk ends as "too_long"
     small = [item for chunk in chunks(corpus, 97) for item in chunk.items()]
     again = [item for chunk in chunks(corpus, 1 << 30) for item in chunk.items()]
@@ -79,8 +79,8 @@ def test_the_digest_of_chunks_is_the_digest_of_everything(corpus, encoder, whole
     one = whole
     many = run_pass(corpus, PLAN, encoder=encoder, chunk_bytes=4096)
     assert normal(one) == normal(many)
-    assert one.total == 2304 and one.bad_count == 4 and one.encoded == 2300
-    assert [b[1] for b in one.bad] == [301, 601, 901, 1201]  # text "" and a list are unusable rows
+    assert one.total == 1304 and one.bad_count == 4 and one.encoded == 1300
+    assert [b[1] for b in one.bad] == [201, 401, 601, 801]  # text "" and a list are unusable rows
     assert one.count("truncated_part") > 10 and len(one.problems["truncated_part"].first) == 10
     assert set(one.layouts) == {"messages", "prompt_completion"}
 
@@ -130,7 +130,7 @@ def test_a_long_pass_reports_rows_per_second_and_an_eta(corpus, encoder, monkeyp
     monkeypatch.setattr(meter, "QUIET_SECONDS", -1.0)
     run_pass(corpus, PLAN, encoder=encoder, chunk_bytes=65536, progress=lines.append)
     assert len(lines) > 3 and all("rows/s, ETA" in line for line in lines)
-    assert lines[-1].startswith("data: encoded 2,304 rows (100% of ")
+    assert lines[-1].startswith("data: encoded 1,304 rows (100% of ")
 
 
 def test_csv_rows_are_strings_and_a_ragged_row_is_named(tmp_path):
@@ -213,7 +213,7 @@ def test_workers_never_run_the_starting_script_again(corpus, tmp_path):
                       "print('rows', digest.total)\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
                           cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": os.getcwd()})
-    assert done.stdout.splitlines() == ["script ran", "rows 2304"], done.stdout + done.stderr
+    assert done.stdout.splitlines() == ["script ran", "rows 1304"], done.stdout + done.stderr
 
 
 def test_a_long_scan_reports_its_bytes_rate_and_eta(corpus, monkeypatch):
@@ -275,3 +275,17 @@ def _alive(pid: int) -> bool:
             return handle.read().split(") ")[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_the_worker_count_follows_the_cpus_and_the_size_of_the_data(tmp_path, monkeypatch):
+    from pytest_ftready.data.passes import workers_for
+
+    monkeypatch.setattr(passes, "cpu_count", lambda: 64)
+    data = tmp_path / "train.jsonl"
+    with data.open("wb") as handle:
+        handle.truncate(40 * 2**20)  # 40 MiB: workers pay off, ten with 4 MiB each
+    assert (workers_for(None, [data], True), workers_for(None, [data], False), workers_for(3, [data], True)) == (10, 1, 3)
+    monkeypatch.setattr(passes, "cpu_count", lambda: 2)
+    assert workers_for(None, [data], True) == 2
+    data.write_text('{"text": "a"}\n')
+    assert workers_for(None, [data], True) == 1
