@@ -80,9 +80,7 @@ def _in_workers(files, plan: Plan, encoder, encoding: bool, workers: int, meter:
 
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_start_worker, initargs=(encoder,))
-    with _bare_main():  # the workers start now, each on its first task
-        started = [pool.submit(os.getpid) for _ in range(workers)]
-    pending: deque = deque((future, 0) for future in started)
+    pending: deque = deque()
 
     def merge_first() -> None:
         future, size = pending.popleft()
@@ -92,6 +90,8 @@ def _in_workers(files, plan: Plan, encoder, encoding: bool, workers: int, meter:
             meter.update(size, digest.total)
 
     try:
+        with _bare_main():  # the workers start now, each on its first task
+            pending.extend((pool.submit(os.getpid), 0) for _ in range(workers))
         for chunk in chunks(files, chunk_bytes):
             pending.append((pool.submit(_digest_in_worker, chunk, plan.narrowed(digest), encoding), chunk.size))
             while len(pending) >= IN_FLIGHT * workers:
