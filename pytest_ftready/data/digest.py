@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from .encoding import BLOCKING
 from .layouts import read_sample
-from .rows import Chunk, Row, RowProblem
+from .rows import Chunk, RowProblem
 
 FINGERPRINT_MOD = 2**64
 LISTED = 10  # places kept per problem kind, and unusable rows listed
@@ -135,10 +135,8 @@ class DataDigest:
         self.encoding = self.encoding or other.encoding
         self.rows += other.rows
         self.read_problems += other.read_problems
-        count = self.bad_count + other.bad_count
-        for file, line, problems in other.bad:
-            self.add_unusable(file, line, problems)
-        self.bad_count = count
+        self.bad_count += other.bad_count
+        self.bad = heapq.nsmallest(LISTED, [*self.bad, *other.bad], key=lambda b: b[:2])
         self.layouts.update(other.layouts)
         self.usable_rows.extend(other.usable_rows[: plan.keep_rows - len(self.usable_rows)])
         offset, trainable_offset = self.encoded, self.trainable
@@ -256,14 +254,3 @@ def sorted_sample(values: Sequence[int], most: int) -> list[int]:
         return ordered
     step = len(ordered) / most
     return [ordered[int(i * step)] for i in range(most)]
-
-
-def usable_pairs(rows: Sequence[Row], plan: Plan) -> list:
-    """[(row, sample)] of the rows that are usable under ``plan``."""
-    roles = dict(plan.roles)
-    pairs = []
-    for row in rows:
-        sample, problems = read_sample(row, plan.format, plan.train_on, roles)
-        if not problems:
-            pairs.append((row, sample))
-    return pairs

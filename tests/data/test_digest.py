@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from pytest_ftready.data import meter, passes, rows as rows_module
-from pytest_ftready.data.digest import Plan, row_fingerprint, usable_pairs
+from pytest_ftready.data.digest import Plan, row_fingerprint
+from pytest_ftready.data.layouts import read_sample
 from pytest_ftready.data.encoding import BLOCKING, Encoder, stop_token_ids
 from pytest_ftready.data.passes import PassFailed, run_pass
 from pytest_ftready.data.rows import chunks, read_rows
@@ -87,7 +88,8 @@ def test_the_digest_of_chunks_is_the_digest_of_everything(corpus, encoder, whole
 
 def test_what_is_kept_is_bounded_and_holds_the_longest_of_all(corpus, encoder, whole):
     digest = whole
-    everything = [encoder.encode(row, sample) for row, sample in usable_pairs(read_rows(corpus)[0], PLAN)]
+    read = [(row, read_sample(row, PLAN.format, PLAN.train_on)) for row in read_rows(corpus)[0]]
+    everything = [encoder.encode(row, sample) for row, (sample, problems) in read if not problems]
     assert len(everything) == digest.encoded and list(digest.full_lengths) == [e.full_length for e in everything]
     assert (len(digest.head), len(digest.with_problems), len(digest.usable_rows)) == (3, 3, 7)
     trainable = digest.training_examples()
