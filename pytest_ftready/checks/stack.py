@@ -234,10 +234,13 @@ def known_bugs(ctx) -> None:
     if by_state["may_apply"]:
         ctx.measure("known_bugs_may_apply", "; ".join(v.line() for v in by_state["may_apply"]), "")
     unknown = [f"{v.bug.id} needs {', '.join(v.notes)}" for v in by_state["unknown"]]
-    if by_state["applies"]:
-        lines = [f"{len(by_state['applies'])} known bug(s) of {len(verdicts)} apply to this recipe here:"]
-        lines += ["- " + v.line() for v in by_state["applies"]]
+    applying = by_state["applies"]
+    if applying:
+        lines = [f"{len(applying)} of {len(verdicts)} known bugs apply to this recipe here: "
+                 + ", ".join(f"{v.bug.id} ({v.bug.package} {v.installed})" for v in applying)]
+        lines += ["- " + v.line(fix=False) for v in applying]
         lines += [f"not judged: {text}" for text in unknown]
+        lines.append("Fix: " + "; ".join(f"{v.bug.fix()} ({v.bug.id})" for v in applying))
         raise Fail("\n".join(lines))
     if unknown:
         raise Skip(f"{len(verdicts) - len(unknown)} of {len(verdicts)} known bugs judged, none applies; "

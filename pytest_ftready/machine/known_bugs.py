@@ -86,11 +86,12 @@ class Verdict:
     installed: Optional[str] = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
-    def line(self) -> str:
-        """One line for a failure: the bug, the version here, what goes wrong, the fix, the source."""
+    def line(self, fix: bool = True) -> str:
+        """One line: the bug, the version here, what goes wrong, (the fix,) the source."""
         hinge = f" ({'; '.join(self.notes)})" if self.notes else ""
+        remedy = f"Fix: {self.bug.fix()}. " if fix else ""
         return (f"{self.bug.id}: {self.bug.package} {self.installed}{hinge}: {self.bug.what}. "
-                f"Fix: {self.bug.fix()}. Source: {self.bug.title} <{self.bug.link}>")
+                f"{remedy}Source: {self.bug.title} <{self.bug.link}>")
 
 
 def _spec(text: str, where: str) -> SpecifierSet:

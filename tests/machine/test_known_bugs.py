@@ -12,6 +12,9 @@ import pytest
 from pytest_ftready.checks.registry import REGISTRY, all_checks
 from pytest_ftready.machine.known_bugs import Situation, judge, known_bugs, needs_model_type, parse_bugs
 from pytest_ftready.outcomes import Skip
+from pytest_ftready.outputs.records import CheckRow, RecipeRun
+from pytest_ftready.outputs.report import html_report
+from pytest_ftready.outputs.summary import markdown
 from pytest_ftready.recipe.schema import parse_recipe
 from pytest_ftready.session.context import CheckContext
 from pytest_ftready.session.state import RunState
@@ -180,6 +183,7 @@ attn_implementation = "{attn}"
 train = ["train.jsonl"]
 [training]
 gradient_accumulation_steps = {ga}
+gradient_checkpointing = {gc}
 [hardware]
 device = "{device}"
 """
@@ -191,9 +195,9 @@ def known_bugs_check(tmp_path):
     (tmp_path / "train.jsonl").write_text("{}\n")
     all_checks()
 
-    def run(machine, check_id, model_type="llama", dtype="bfloat16", attn="sdpa", ga=1, device="auto"):
+    def run(machine, check_id, model_type="llama", dtype="bfloat16", attn="sdpa", ga=1, gc="false", device="auto"):
         (tmp_path / "model" / "config.json").write_text(json.dumps({"model_type": model_type}))
-        recipe = parse_recipe(RECIPE.format(dtype=dtype, attn=attn, ga=ga, device=device), tmp_path / "recipe.toml")
+        recipe = parse_recipe(RECIPE.format(dtype=dtype, attn=attn, ga=ga, gc=gc, device=device), tmp_path / "recipe.toml")
         state = RunState(artifacts_root=tmp_path / "arts", machine_factory=lambda: machine).recipe_state(recipe)
         ctx = CheckContext(state, REGISTRY[check_id])
         REGISTRY[check_id].body(ctx)
@@ -207,9 +211,11 @@ def with_packages(machine, **versions):
 
 def test_the_check_fails_on_a_described_h100_with_torch_2_5_0_and_passes_on_an_a100(known_bugs_check):
     h100 = with_packages(fakes.nvidia(), torch="2.5.0", transformers="4.46.3")
-    message = fails(known_bugs_check, h100, "stack.known_bugs", "1 known bug(s) of 20 apply",
-                    "torch-2.5.0-cudnn-sdpa: torch 2.5.0", "Fix: upgrade to torch>=2.5.1",
-                    "https://github.com/pytorch/pytorch/issues/139298")
+    message = fails(known_bugs_check, h100, "stack.known_bugs",
+                    "1 of 20 known bugs apply to this recipe here: torch-2.5.0-cudnn-sdpa (torch 2.5.0)\n",
+                    "- torch-2.5.0-cudnn-sdpa: torch 2.5.0: torch 2.5.0 picks the new cuDNN attention backend",
+                    "https://github.com/pytorch/pytorch/issues/139298",
+                    "\nFix: upgrade to torch>=2.5.1, or torch.backends.cuda.enable_cudnn_sdp(False)")
     assert "transformers-" not in message
     a100 = with_packages(fakes.nvidia(name="NVIDIA A100-SXM4-80GB", cc=(8, 0)), torch="2.5.0", transformers="4.46.3")
     measured = known_bugs_check(a100, "stack.known_bugs")
@@ -224,6 +230,19 @@ def test_the_check_reads_the_model_type_and_the_recipe(known_bugs_check):
     text = fails(known_bugs_check, machine, "stack.known_bugs", "accelerate-0.31.0-ga-fp16", "transformers-ga-loss",
                  "assuming you train with", dtype="float16", ga=4, device="cpu")
     assert text.count("\n- ") == 2
+    assert text.splitlines()[-1].startswith("Fix: upgrade to transformers>=4.46.0, or gradient_accumulation_steps = 1")
+
+
+def test_the_report_and_the_ci_summary_show_the_failure_under_stack(known_bugs_check):
+    machine = with_packages(fakes.cpu_only(), peft="0.3.0")
+    reason = fails(known_bugs_check, machine, "stack.known_bugs", gc="true", device="cpu")
+    run = RecipeRun(name="demo", checks=[CheckRow("stack.known_bugs", "stack", "failed", reason)])
+    page = html_report(run)
+    assert "<td>stack</td>" in page and "&nbsp;&nbsp;stack.known_bugs" in page
+    assert "peft-checkpointing-frozen-inputs: peft 0.3.0" in page and "https://github.com/huggingface/peft/pull/404" in page
+    summary = markdown([run])
+    assert "**stack.known_bugs**: 1 of 20 known bugs apply to this recipe here: peft-checkpointing-frozen-inputs" in summary
+    assert "  - Fix: upgrade to peft>=0.4.0, or gradient_checkpointing = false" in summary
 
 
 def test_a_gpu_recipe_on_a_machine_without_one_is_skipped_naming_the_hook(known_bugs_check):
