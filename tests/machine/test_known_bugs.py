@@ -40,7 +40,7 @@ CASES = {
         Situation(packages={"transformers": "4.48.1"}, gradient_accumulation_steps=4, trainer="llamafactory"),
         {"gradient_accumulation_steps": 1}),
     "transformers-peft-checkpointing-trainer": (
-        Situation(packages={"transformers": "5.1.0"}, adapter="lora", gradient_checkpointing=True,
+        Situation(packages={"transformers": "5.0.0rc1"}, adapter="lora", gradient_checkpointing=True,
                   trainer="transformers"),
         {"trainer": "trl"}),
     "transformers-gemma2-sdpa-softcapping": (
@@ -152,9 +152,11 @@ def test_facts_that_cannot_be_read_make_a_row_unknown_not_clean():
 
 
 def test_pre_releases_and_local_builds_are_held_against_the_range():
+    peft_checkpointing = CASES["transformers-peft-checkpointing-trainer"][0]
     assert judge(bug("transformers-peft-checkpointing-trainer"),
-                 replace(CASES["transformers-peft-checkpointing-trainer"][0],
-                         packages={"transformers": "5.0.0.dev0"})).state == "applies"
+                 replace(peft_checkpointing, packages={"transformers": "5.0.0.dev0"})).state == "applies"
+    assert judge(bug("transformers-peft-checkpointing-trainer"),
+                 replace(peft_checkpointing, packages={"transformers": "5.0.0"})).state == "no"
     assert judge(bug("torch-2.5.0-cudnn-sdpa"),
                  replace(CASES["torch-2.5.0-cudnn-sdpa"][0], packages={"torch": "2.5.1+cu124"})).state == "no"
 
