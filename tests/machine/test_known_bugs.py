@@ -36,8 +36,8 @@ CASES = {
     "transformers-4.47.0-ga-loss-scaled": (
         Situation(packages={"transformers": "4.47.0"}, gradient_accumulation_steps=2, trainer="axolotl"),
         {"packages": {"transformers": "4.47.1"}}),
-    "transformers-4.48-ga-loss": (
-        Situation(packages={"transformers": "4.48.1"}, gradient_accumulation_steps=4, trainer="llamafactory"),
+    "transformers-4.48.0-ga-loss-scaled": (
+        Situation(packages={"transformers": "4.48.0"}, gradient_accumulation_steps=4, trainer="llamafactory"),
         {"gradient_accumulation_steps": 1}),
     "transformers-peft-checkpointing-trainer": (
         Situation(packages={"transformers": "5.0.0rc1"}, adapter="lora", gradient_checkpointing=True,
