@@ -1,13 +1,16 @@
-"""Stack checks: driver, architecture, precision, optional kernels, MLX, and a real smoke
-test on the device. Everything here reads the ``Machine`` snapshot and the facts tables."""
+"""Stack checks: driver, architecture, precision, optional kernels, MLX, a real smoke test on
+the device, and the installed versions against known fine-tuning bugs. Everything here reads
+the ``Machine`` snapshot and the facts tables."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 from ..machine.compat import load, version_tuple
 from ..machine.compatibility import (best_torch_build, cuda_text, gpu_words, kernel_problem, parse_cc,
                                     precision_problem, precisions, required_kernels, sdpa_backends)
+from ..machine.known_bugs import judge_all, needs_model_type, situation_of
 from ..outcomes import Fail, Skip
 from .registry import STAGES, check
 
@@ -215,3 +218,30 @@ def smoke(ctx) -> None:
     ctx.measure("smoke_relative_error", error, "")
     if not error <= tolerance:
         raise Fail(f"a {ctx.recipe.model.dtype} matmul on {device} is wrong: relative error {error:.3g} > {tolerance}")
+
+
+@check("stack.known_bugs", stage=STAGES["stack"] + 6)
+def known_bugs(ctx) -> None:
+    """The installed versions, with this recipe on this (or the described) machine, hit no known fine-tuning bug."""
+    recipe = ctx.recipe
+    situation = situation_of(recipe, ctx.machine, ctx.device)
+    if needs_model_type(situation):
+        situation = replace(situation, model_type=_model_type(recipe))
+    verdicts = judge_all(situation)
+    by_state = {state: [v for v in verdicts if v.state == state] for state in ("applies", "may_apply", "unknown")}
+    ctx.measure("known_bugs_considered", len(verdicts), "")
+    ctx.measure("known_bugs_applying", ", ".join(v.bug.id for v in by_state["applies"]) or "none", "")
+    if by_state["may_apply"]:
+        ctx.measure("known_bugs_may_apply", "; ".join(v.line() for v in by_state["may_apply"]), "")
+    unknown = [f"{v.bug.id} needs {', '.join(v.notes)}" for v in by_state["unknown"]]
+    applying = by_state["applies"]
+    if applying:
+        lines = [f"{len(applying)} of {len(verdicts)} known bugs apply to this recipe here: "
+                 + ", ".join(f"{v.bug.id} ({v.bug.package} {v.installed})" for v in applying)]
+        lines += ["- " + v.line(fix=False) for v in applying]
+        lines += [f"not judged: {text}" for text in unknown]
+        lines.append("Fix: " + "; ".join(f"{v.bug.fix()} ({v.bug.id})" for v in applying))
+        raise Fail("\n".join(lines))
+    if unknown:
+        raise Skip(f"{len(verdicts) - len(unknown)} of {len(verdicts)} known bugs judged, none applies; "
+                   f"cannot judge {'; '.join(unknown)}")

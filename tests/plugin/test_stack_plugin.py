@@ -17,6 +17,7 @@ def test_flash_attention_here_fails_stack_kernels_and_skips_the_step(pytester, t
     assert 'needs flash attention 2 on an NVIDIA GPU' in result["stack.kernels"][1]
     assert result["stack.driver"][0] == "skipped" and "needs a CUDA/ROCm GPU" in result["stack.driver"][1]
     assert result["stack.precision"][0] == "passed" and result["stack.smoke"][0] == "passed"
+    assert result["stack.known_bugs"][0] == "passed"  # this machine's real versions hit no known bug
     assert result["model.step_memory"][0] == "skipped" and "stack.kernels failed" in result["model.step_memory"][1]
 
 
@@ -35,4 +36,5 @@ def test_a_described_turing_machine_runs_the_accelerator_checks(pytester, tiny_e
     assert result["stack.driver"][0] == "passed" and result["stack.arch"][0] == "passed"
     assert result["stack.precision"][0] == "failed" and "Tesla T4" in result["stack.precision"][1]
     assert "skipped" == result["stack.smoke"][0]
+    assert result["stack.known_bugs"][0] == "passed"  # judged on the described machine's versions
     result_run.stdout.fnmatch_lines(["SKIPPED *recipe.toml: stack.precision failed; fix correctness*"])
