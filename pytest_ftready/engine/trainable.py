@@ -241,7 +241,7 @@ def step_loss(model, batch: dict):
     import torch
 
     causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-    hidden = causal_lm.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
+    hidden = loss_forward_module(model)(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
                                      use_cache=False).last_hidden_state
     head = causal_lm.get_output_embeddings()
     labels = torch.nn.functional.pad(batch["labels"], (0, 1), value=-100)[..., 1:]  # the next token's label
@@ -249,6 +249,15 @@ def step_loss(model, batch: dict):
     if plan.kind == "chunked":
         return _chunked_loss(hidden, head, labels, plan.chunks) / trained
     return _kernel_loss(plan.kind, hidden, head, labels) / trained
+
+
+def loss_forward_module(model):
+    """The module whose forward ``step_loss`` runs: the model itself for the full loss (its
+    forward returns the loss); the decoder for the others (the loss follows it, piece by piece)."""
+    plan = getattr(model, LOSS_ATTRIBUTE, None) or LossPlan()
+    if plan.kind == "full":
+        return model
+    return (model.get_base_model() if hasattr(model, "get_base_model") else model).get_decoder()
 
 
 def _chunk_loss(hidden, weight, bias, labels):
