@@ -13,7 +13,7 @@ NF4_BLOCK = 64  # bitsandbytes 4-bit: one absmax per 64 weights
 NESTED_BLOCK = 256  # double quantization: one fp32 absmax per 256 first-level absmax
 OPTIM_8BIT_BLOCK = 256  # bitsandbytes 8-bit optimizers: blockwise state, one fp32 absmax per 256
 OPTIM_8BIT_MIN_SIZE = 4096  # bitsandbytes keeps 32-bit state for tensors smaller than this
-CCE_PIECE_TOKENS = 128  # Cut Cross-Entropy's logits never leave on-chip tiles: traced as 128-token pieces
+CCE_PIECE_TOKENS = 128  # Cut Cross-Entropy's logits never leave on-chip tiles: traced in pieces of at most 128 tokens
 BITSANDBYTES_STATE = "https://huggingface.co/docs/bitsandbytes/main/en/optimizers"
 PAGED_SOURCE = ("bitsandbytes paged optimizers (https://huggingface.co/docs/bitsandbytes/main/en/optimizers; "
                 "QLoRA, arXiv:2305.14314, section 3: state in CUDA unified memory, evicted to host RAM under pressure)")
@@ -178,13 +178,13 @@ def modelled_optimizer_factory(model: OptimizerModel, lr: float):
 def modelled_loss_chunks(kind: str, tokens: int, vocab_size: int, hidden_size: int, max_length: int) -> tuple[int, str]:
     """(pieces of the sequence the trace computes logits for, one at a time; the note) for a GPU
     loss kernel: Liger's chunk rule keeps a chunk's logits about the size of the hidden states;
-    CCE keeps only on-chip tiles, traced as small pieces."""
+    CCE keeps only on-chip tiles, traced as pieces of at most 128 tokens (never larger than Liger's)."""
+    factor = math.ceil(vocab_size / hidden_size)
+    chunk = 1 << max(0, math.ceil(tokens / factor) - 1).bit_length()
+    liger = min(max_length, math.ceil(tokens / chunk))
     if kind == "fused_linear":
-        factor = math.ceil(vocab_size / hidden_size)
-        chunk = 1 << max(0, math.ceil(tokens / factor) - 1).bit_length()
-        pieces = min(max_length, math.ceil(tokens / chunk))
-        return pieces, (f"loss fused_linear (Liger's Triton kernel, GPU only) modelled as logits computed in "
-                        f"{pieces} pieces of the sequence, Liger's chunk rule ({LIGER_SOURCE})")
-    pieces = min(max_length, max(1, math.ceil(tokens / CCE_PIECE_TOKENS)))
+        return liger, (f"loss fused_linear (Liger's Triton kernel, GPU only) modelled as logits computed in "
+                       f"{liger} pieces of the sequence, Liger's chunk rule ({LIGER_SOURCE})")
+    pieces = min(max_length, max(liger, math.ceil(tokens / CCE_PIECE_TOKENS)))
     return pieces, (f"loss cut_cross_entropy (Triton kernel, GPU only) modelled as logits computed in {pieces} "
-                    f"pieces of {CCE_PIECE_TOKENS} tokens: it never holds the logits outside on-chip tiles ({CCE_SOURCE})")
+                    f"pieces of the sequence: it never holds the logits outside on-chip tiles ({CCE_SOURCE})")
