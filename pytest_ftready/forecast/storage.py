@@ -39,21 +39,24 @@ def quantized_storage_bytes(numel: int, out_features: int, quantization: str) ->
 @functools.lru_cache(maxsize=None)
 def _dequantized_matmul():
     """bitsandbytes' matmul for a frozen quantized weight (``MatMul4Bit``): the forward and the
-    backward each dequantize the whole weight to the compute dtype (a temporary); nothing is
-    saved for the backward."""
+    backward each dequantize the whole weight to the compute dtype (a temporary); with
+    ``keep_input`` the input stays alive for the backward, as MatMul4Bit's ``ctx.tensors = (A, B)``
+    keeps it whenever the input needs a gradient (bitsandbytes/autograd/_functions.py)."""
     import torch
 
     class DequantizedMatmul(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, x, shape, bias):
+        def forward(ctx, x, shape, bias, keep_input):
             weight = torch.empty(shape, dtype=x.dtype, device=x.device)  # the dequantized copy
             ctx.shape = shape
+            if keep_input and ctx.needs_input_grad[0]:
+                ctx.save_for_backward(x)
             return torch.nn.functional.linear(x, weight, bias)
 
         @staticmethod
         def backward(ctx, grad):
             weight = torch.empty(ctx.shape, dtype=grad.dtype, device=grad.device)
-            return grad @ weight, None, None
+            return grad @ weight, None, None, None
 
     return DequantizedMatmul
 
@@ -83,9 +86,10 @@ def _stored_linear_class():
                 self.register_buffer("scales", torch.empty(self.out_features, dtype=torch.float32, device="meta"))
             self.weight = torch.nn.Parameter(weight, requires_grad=False)
             self.bias = source.bias
+            self.keep_input = quantization == "4bit"
 
         def forward(self, x):
-            return _dequantized_matmul().apply(x, (self.out_features, self.in_features), self.bias)
+            return _dequantized_matmul().apply(x, (self.out_features, self.in_features), self.bias, self.keep_input)
 
     return StoredLinear
 
