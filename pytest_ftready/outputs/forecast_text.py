@@ -10,10 +10,19 @@ from typing import Sequence
 from ..units import human_bytes
 
 
+def saving_text(lever) -> str:
+    """'saves 3.40 MiB (traced)'; a lever that saves nothing here, or costs memory, says so."""
+    if lever.saves_bytes > 0:
+        return f"saves {human_bytes(lever.saves_bytes)} ({lever.how})"
+    if lever.saves_bytes < 0:
+        return f"adds {human_bytes(-lever.saves_bytes)} ({lever.how})"
+    return f"saves nothing here ({lever.how})"
+
+
 def lever_line(lever, verdict: str = "") -> str:
     """One lever: its change, its saving labelled traced or estimate, its cost."""
     peak = f"peak {human_bytes(lever.peak_bytes)}, " if lever.peak_bytes is not None else ""
-    return (f"  - {lever.name}: {lever.change}; {peak}saves {human_bytes(lever.saves_bytes)} ({lever.how})"
+    return (f"  - {lever.name}: {lever.change}; {peak}{saving_text(lever)}"
             f"{', ' + verdict if verdict else ''}; cost: {lever.cost}")
 
 

@@ -11,7 +11,7 @@ import pytest
 from pytest_ftready.engine.breakdown import Breakdown
 from pytest_ftready.forecast.levers import (ESTIMATE, TRACED, ModelShape, candidates, estimated_levers,
                                             recipe_changes, with_changes)
-from pytest_ftready.outputs.forecast_text import levers_text
+from pytest_ftready.outputs.forecast_text import levers_text, saving_text
 from pytest_ftready.recipe.schema import parse_recipe
 from pytest_ftready.units import human_bytes
 
@@ -129,10 +129,12 @@ def test_one_lever_one_saving_in_the_command_the_forecast_check_and_the_advice(m
         line = f"- {lever.name}: {lever.change}; "
         for text in (printed, message):
             found = next(row for row in text.splitlines() if line in row)
-            assert f"saves {human_bytes(lever.saves_bytes)} ({lever.how})" in found, (lever, found)
+            assert saving_text(lever) in found, (lever, found)
+            assert lever.saves_bytes <= 0 or f"saves {human_bytes(lever.saves_bytes)} ({lever.how})" in found
     # the tiny model's tensors are all below bitsandbytes' 4096-element threshold: 8-bit saves nothing
     eight_bit = next(lv for lv in levers if lv.name == "8-bit optimizer")
-    assert eight_bit.how == TRACED and eight_bit.saves_bytes == 0
+    assert eight_bit.how == TRACED and eight_bit.saves_bytes == 0 and saving_text(eight_bit) in printed
+    assert "saves nothing here (traced)" in printed
     assert re.search(r"activation checkpointing: \[training\] gradient_checkpointing = true; peak .* \(traced\)",
                      message)
     assert "verdict: DOES NOT FIT" in message and "target 8MiB" in message
