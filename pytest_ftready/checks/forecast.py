@@ -47,6 +47,10 @@ def forecast_error(ctx) -> None:
     if kind not in ("cpu", "cuda", "rocm"):
         raise Skip(f"{kind} has no allocator peak to compare with (MPS reports the driver's total only)")
     on_accelerator = kind in ("cuda", "rocm")
+    loss = ctx.recipe.training.loss
+    if loss in ("fused_linear", "cut_cross_entropy") and kind != "cuda":
+        raise Skip(f"the real step's [training] loss = \"{loss}\" needs its Triton kernel on an NVIDIA GPU; this "
+                   f"machine trains on {kind} (the forecast models the kernel: see model.memory_forecast)")
     report = ctx.state.computed("memory_forecast")
     if report is not None and (report.target is not None and report.target.kind in ("cuda", "rocm")) == on_accelerator:
         predicted = report.forecast

@@ -83,3 +83,12 @@ def test_qlora_preparation_keeps_unquantized_layers_in_float32_unless_off(shared
     assert prepared.activation_bytes > plain.activation_bytes  # float32 norms: float32 activations after them
     assert any("kbit_preparation" in note for note in prepared.notes)
     assert not any("kbit_preparation" in note for note in plain.notes)
+
+
+def test_forecast_error_skips_where_the_loss_kernel_cannot_run(make_state, run_check):
+    from pytest_ftready.outcomes import Skip
+
+    state = make_state(optimizer='"adamw"\nloss = "fused_linear"')
+    with pytest.raises(Skip, match=r'loss = "fused_linear" needs its Triton kernel on an NVIDIA GPU; this machine '
+                                   r'trains on cpu'):
+        run_check(state, "model.forecast_error")
