@@ -39,8 +39,8 @@ def variant_id(key: str, value) -> str:
 
 def sweep_variants(recipe) -> list[tuple[str, dict]]:
     """(id, {"table.key": value}) for the recipe itself, each lever of the one lever model
-    (forecast.levers) that a recipe key expresses, and the speed variants (micro-batch doubled,
-    max_length halved, other attention kernels)."""
+    (forecast.levers) that a [training] or [data] key expresses, and the speed variants
+    (micro-batch doubled, max_length halved, other attention kernels)."""
     from ..forecast.levers import candidates, recipe_changes
 
     t, d, m = recipe.training, recipe.data, recipe.model
@@ -49,7 +49,9 @@ def sweep_variants(recipe) -> list[tuple[str, dict]]:
                 {"training.gradient_checkpointing": not t.gradient_checkpointing}))
     for lever in candidates(recipe):
         changes = recipe_changes(lever.change)
-        if changes:
+        # the sweep trains on the session's base model: a lever that loads another base (4-bit,
+        # no QLoRA preparation, LoRA instead of full) is the forecast's to trace, not the sweep's
+        if changes and all(table in ("training", "data") for table, _, _ in changes):
             out.append((variant_id(*changes[0][1:]), {f"{table}.{key}": value for table, key, value in changes}))
     out.append((variant_id("micro_batch_size", t.micro_batch_size * 2), {"training.micro_batch_size": t.micro_batch_size * 2}))
     if d.max_length >= 32:
@@ -77,7 +79,7 @@ def sweep(ctx) -> None:
     rows = {r["name"]: r for r in load("compute")["kernel"]}
     needs = [("flash_attention_2", "attn=flash_attention_2", variant.model.attn_implementation == "flash_attention_2"),
              ("bitsandbytes", f"optimizer={variant.training.optimizer}",
-              variant.training.optimizer in BITSANDBYTES_OPTIMIZERS or variant.model.quantization != "none")]
+              variant.training.optimizer in BITSANDBYTES_OPTIMIZERS)]
     for kernel, label, wanted in needs:
         problem = wanted and kernel_problem(rows[kernel], label, variant, ctx.machine, ctx.device)
         if problem:

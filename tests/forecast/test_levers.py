@@ -154,3 +154,19 @@ def test_advice_estimates_where_no_forecast_runs(make_state, run_check):
     assert any(lv.name == "chunked loss" and lv.saves_bytes > 0 for lv in levers)  # the step knows the vocabulary
     for lever in levers:
         assert advice[f"saves[{lever.name}]"] == lever.saves_bytes and advice[f"saves_how[{lever.name}]"] == ESTIMATE
+
+
+def test_the_sweep_measures_the_lever_models_training_and_data_levers(make_state):
+    from pytest_ftready.checks.levers import sweep_variants
+
+    recipe = make_state().recipe
+    variants = dict(sweep_variants(recipe))
+    for lever in candidates(recipe):
+        changes = recipe_changes(lever.change) or []
+        wanted = {f"{table}.{key}": value for table, key, value in changes}
+        if changes and all(table in ("training", "data") for table, _, _ in changes):
+            assert wanted in variants.values(), lever
+        else:  # another base model (4-bit, no preparation) or no recipe key (offload): traced, not swept
+            assert wanted not in variants.values(), lever
+    # ids stay what earlier nights recorded, so benchmark comparisons keep working
+    assert {"recipe", "checkpointing=on", "micro_batch=2", "loss=chunked", "optimizer=adamw_8bit"} <= set(variants)
