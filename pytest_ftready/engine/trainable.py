@@ -215,6 +215,7 @@ def make_scheduler(optimizer, recipe, total_steps: int, constant: bool = False):
 
 
 LOSS_ATTRIBUTE = "ftready_loss"  # make_trainable leaves the recipe's LossPlan on the model it returns
+LOGIT_SCALING = ("final_logit_softcapping", "logit_scale", "logits_scaling")  # heads that are more than a linear layer
 
 
 @dataclass(frozen=True)
@@ -241,8 +242,12 @@ def step_loss(model, batch: dict):
     import torch
 
     causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-    hidden = loss_forward_module(model)(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
-                                     use_cache=False).last_hidden_state
+    scaled = {k: v for k, v in vars(causal_lm.config).items() if k in LOGIT_SCALING and v not in (None, 1, 1.0)}
+    if scaled:
+        raise Fail(f"[training] loss = \"{plan.kind}\" computes the logits as the output layer alone, but "
+                   f"{causal_lm.config.model_type} scales them ({scaled}): use loss = \"full\"")
+    inputs = {k: v for k, v in batch.items() if k != "labels"}  # position_ids of packed rows too
+    hidden = loss_forward_module(model)(**inputs, use_cache=False).last_hidden_state
     head = causal_lm.get_output_embeddings()
     labels = torch.nn.functional.pad(batch["labels"], (0, 1), value=-100)[..., 1:]  # the next token's label
     trained = (labels != -100).sum().clamp(min=1)

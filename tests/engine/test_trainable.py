@@ -91,3 +91,19 @@ def test_kbit_preparation_follows_the_recipe(make_state):
     qlora = with_changes(recipe, {"model.quantization": "4bit"})
     assert kbit_preparation(qlora)  # auto: as the built-in engine (and TRL, the HF Trainer) do
     assert not kbit_preparation(with_changes(qlora, {"model.kbit_preparation": "off"}))
+
+
+def test_chunked_loss_refuses_a_head_that_scales_its_logits():
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from pytest_ftready.engine.trainable import LOSS_ATTRIBUTE, LossPlan, step_loss
+    from pytest_ftready.outcomes import Fail
+
+    config = AutoConfig.for_model("gemma2", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=100)
+    model = AutoModelForCausalLM.from_config(config)
+    setattr(model, LOSS_ATTRIBUTE, LossPlan("chunked", 2))
+    ids = torch.zeros((1, 8), dtype=torch.long)
+    with pytest.raises(Fail, match=r"gemma2 scales them \({'final_logit_softcapping': 30.0}\): use loss = \"full\""):
+        step_loss(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids})
