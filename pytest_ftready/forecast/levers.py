@@ -65,7 +65,7 @@ def candidates(recipe, p95_length: Optional[float] = None) -> list[Candidate]:
         out.append(Candidate("activation checkpointing", "[training] gradient_checkpointing = true",
                              "~20-30% slower steps (recomputed forward)",
                              lambda b, s: act(b, 1 - 1 / max(1, s.num_layers))))
-    if t.micro_batch_size > 1:
+    if t.micro_batch_size > 1 and not t.optimizer_in_backward:  # stepping in the backward cannot accumulate
         half = t.micro_batch_size // 2
         out.append(Candidate("smaller micro-batch, more accumulation",
                              f"[training] micro_batch_size = {half}, gradient_accumulation_steps = "
@@ -155,9 +155,10 @@ def estimated_levers(recipe, b: Breakdown, shape: ModelShape, p95_length: Option
 
 
 def breakdown_of(f: Forecast) -> Breakdown:
-    """The forecast as a Breakdown, for the estimate of a lever no recipe key can express."""
+    """The forecast as a Breakdown, for the estimate of a lever no recipe key can express (a
+    paged optimizer's state is already off the device's peak: not counted)."""
     return Breakdown(f.weights_bytes, f.frozen_parameters, f.trainable_bytes, f.trainable_bytes,
-                     f.optimizer_state_bytes + f.paged_state_bytes, f.peak_bytes)
+                     f.optimizer_state_bytes, f.peak_bytes)
 
 
 def traced_levers(recipe, config, base: Forecast, shape: ModelShape, p95_length: Optional[float],

@@ -62,9 +62,11 @@ def test_no_lever_left_says_so(tmp_path):
     assert levers_text([]).startswith("no lever left")
 
 
-def test_accumulating_recipes_are_not_offered_the_optimizer_in_the_backward(tmp_path):
-    names = [c.name for c in candidates(recipe(tmp_path, gradient_accumulation_steps=4))]
-    assert "optimizer in the backward" not in names and "chunked loss" in names
+def test_accumulation_and_the_optimizer_in_the_backward_exclude_each_other(tmp_path):
+    names = [c.name for c in candidates(recipe(tmp_path, micro_batch_size=4, gradient_accumulation_steps=4))]
+    assert "optimizer in the backward" not in names and "smaller micro-batch, more accumulation" in names
+    names = [c.name for c in candidates(recipe(tmp_path, micro_batch_size=4, optimizer_in_backward="true"))]
+    assert "smaller micro-batch, more accumulation" not in names and "chunked loss" in names
 
 
 def test_lever_changes_are_recipe_keys(make_state):
