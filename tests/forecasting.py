@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pytest_ftready.engine.memory_forecast import error_share, forecast, measured_step_peak, with_changes
+from pytest_ftready.forecast.levers import with_changes
+from pytest_ftready.forecast.trace import error_share, forecast, measured_step_peak
 from pytest_ftready.units import human_bytes
 
 TOLERANCE = 0.10  # the bar: within +-10 % of the measured CPU peak

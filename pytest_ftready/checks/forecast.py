@@ -11,7 +11,7 @@ from .registry import STAGES, check
 @check("model.memory_forecast", stage=STAGES["model.forecast"])
 def memory_forecast(ctx) -> None:
     """Forecast the worst-case step's peak memory from the model config alone; it fits the target less the headroom."""
-    from ..engine.memory_forecast import render
+    from ..outputs.forecast_text import render
 
     report = ctx.state.memory_forecast
     f = report.forecast
@@ -19,6 +19,8 @@ def memory_forecast(ctx) -> None:
         ctx.measure(f"forecast_{name}", value, "bytes", estimate=True)
     ctx.measure("forecast_trainable_weights", f.trainable_bytes, "bytes", estimate=True)
     ctx.measure("forecast_peak", f.peak_bytes, "bytes", estimate=True)
+    if f.paged_state_bytes:
+        ctx.measure("forecast_paged_optimizer_state", f.paged_state_bytes, "bytes", estimate=True)
     ctx.measure("forecast_peak_phase", f.peak_phase, "")
     ctx.measure("forecast_trace_seconds", f.trace_seconds, "s")
     if f.notes:
@@ -38,13 +40,17 @@ def memory_forecast(ctx) -> None:
 @check("model.forecast_error", stage=STAGES["model.step"], requires=("stack.precision", "stack.kernels"))
 def forecast_error(ctx) -> None:
     """The forecast against the real step's peak here (CPU: live tensor bytes; CUDA: max_memory_allocated)."""
-    from ..engine.memory_forecast import ConfigUnavailable, TraceError, error_share, forecast, measured_step_peak
+    from ..forecast.trace import ConfigUnavailable, TraceError, error_share, forecast, measured_step_peak
 
     device = ctx.torch_device()
     kind = ctx.device.kind
     if kind not in ("cpu", "cuda", "rocm"):
         raise Skip(f"{kind} has no allocator peak to compare with (MPS reports the driver's total only)")
     on_accelerator = kind in ("cuda", "rocm")
+    loss = ctx.recipe.training.loss
+    if loss in ("fused_linear", "cut_cross_entropy") and kind != "cuda":
+        raise Skip(f"the real step's [training] loss = \"{loss}\" needs its Triton kernel on an NVIDIA GPU; this "
+                   f"machine trains on {kind} (the forecast models the kernel: see model.memory_forecast)")
     report = ctx.state.computed("memory_forecast")
     if report is not None and (report.target is not None and report.target.kind in ("cuda", "rocm")) == on_accelerator:
         predicted = report.forecast

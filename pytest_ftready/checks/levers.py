@@ -3,8 +3,8 @@ the levers this recipe allows, side by side in one pytest-benchmark group (lever
 
 from __future__ import annotations
 
-from ..engine.breakdown import advice_text, levers_for
 from ..outcomes import Fail, Skip
+from ..outputs.forecast_text import levers_text
 from ..units import human_bytes
 from .registry import STAGES, check
 
@@ -14,36 +14,53 @@ def advice(ctx) -> None:
     """When the step does not fit (or fits with less than the headroom), list the levers and what each saves."""
     state = ctx.state
     step = state.step
-    levers = levers_for(ctx.recipe, step.breakdown, step.num_layers, state.length_p95)
+    levers = state.levers  # forecast.levers: traced where the forecast runs, else estimated
     for lever in levers:
         ctx.measure(f"saves[{lever.name}]", lever.saves_bytes, "bytes", estimate=True)
+        ctx.measure(f"saves_how[{lever.name}]", lever.how, "")
     usable = step.usable_bytes(ctx.recipe.hardware.memory_headroom)
     if step.out_of_memory:
         raise Fail(f"the step runs out of memory ({step.out_of_memory}). Levers, largest saving first:\n"
-                   f"{advice_text(levers)}")
+                   f"{levers_text(levers)}")
     if usable is not None and step.peak_bytes > usable:
         raise Fail(f"the step needs {human_bytes(step.peak_bytes)}, {human_bytes(step.peak_bytes - usable)} "
                    f"more than the {human_bytes(usable)} usable. Levers, largest saving first:\n"
-                   f"{advice_text(levers)}")
+                   f"{levers_text(levers)}")
+
+
+SHORT_KEYS = {"gradient_checkpointing": "checkpointing", "micro_batch_size": "micro_batch", "attn_implementation": "attn"}
+
+
+def variant_id(key: str, value) -> str:
+    """A sweep variant's id, stable across nights (benchmark records compare by it): its first change."""
+    shown = ("on" if value else "off") if isinstance(value, bool) else value
+    return f"{SHORT_KEYS.get(key, key)}={shown}"
 
 
 def sweep_variants(recipe) -> list[tuple[str, dict]]:
-    """(id, {"table.key": value}) for the recipe itself and each lever it allows."""
+    """(id, {"table.key": value}) for the recipe itself, each lever of the one lever model
+    (forecast.levers) that a [training] or [data] key expresses, and the speed variants
+    (micro-batch doubled, max_length halved, other attention kernels)."""
+    from ..forecast.levers import candidates, recipe_changes
+
     t, d, m = recipe.training, recipe.data, recipe.model
     out = [("recipe", {})]
-    out.append((f"checkpointing={'off' if t.gradient_checkpointing else 'on'}",
+    out.append((variant_id("gradient_checkpointing", not t.gradient_checkpointing),
                 {"training.gradient_checkpointing": not t.gradient_checkpointing}))
-    if t.micro_batch_size > 1:
-        out.append((f"micro_batch={t.micro_batch_size // 2}", {"training.micro_batch_size": t.micro_batch_size // 2}))
-    out.append((f"micro_batch={t.micro_batch_size * 2}", {"training.micro_batch_size": t.micro_batch_size * 2}))
+    for lever in candidates(recipe):
+        changes = recipe_changes(lever.change)
+        # the sweep trains on the session's base model: a lever that loads another base (4-bit,
+        # no QLoRA preparation, LoRA instead of full) is the forecast's to trace, not the sweep's
+        if changes and all(table in ("training", "data") for table, _, _ in changes):
+            out.append((variant_id(*changes[0][1:]), {f"{table}.{key}": value for table, key, value in changes}))
+    out.append((variant_id("micro_batch_size", t.micro_batch_size * 2), {"training.micro_batch_size": t.micro_batch_size * 2}))
     if d.max_length >= 32:
         out.append((f"max_length={d.max_length // 2}", {"data.max_length": d.max_length // 2}))
     for attn in ("eager", "sdpa", "flash_attention_2"):
         if attn != m.attn_implementation:
             out.append((f"attn={attn}", {"model.attn_implementation": attn}))
-    if t.optimizer == "adamw":
-        out.append(("optimizer=adamw_8bit", {"training.optimizer": "adamw_8bit"}))
-    return out
+    seen: set = set()
+    return [(name, changes) for name, changes in out if not (name in seen or seen.add(name))]
 
 
 @check("levers.sweep", stage=STAGES["levers"] + 1, accelerator=True, nightly=True,
@@ -51,7 +68,7 @@ def sweep_variants(recipe) -> list[tuple[str, dict]]:
 def sweep(ctx) -> None:
     """One lever variant: peak memory and tokens/s of the real step, in the recipe's benchmark group."""
     from ..engine.step import measure_step
-    from ..engine.trainable import attention_of
+    from ..engine.trainable import BITSANDBYTES_OPTIMIZERS, attention_of
     from ..recipe.schema import with_changes
     from ..machine.compat import load
     from ..machine.compatibility import kernel_problem
@@ -61,7 +78,8 @@ def sweep(ctx) -> None:
     variant = with_changes(ctx.recipe, ctx.param, "levers.sweep")
     rows = {r["name"]: r for r in load("compute")["kernel"]}
     needs = [("flash_attention_2", "attn=flash_attention_2", variant.model.attn_implementation == "flash_attention_2"),
-             ("bitsandbytes", "optimizer=adamw_8bit", variant.training.optimizer == "adamw_8bit")]
+             ("bitsandbytes", f"optimizer={variant.training.optimizer}",
+              variant.training.optimizer in BITSANDBYTES_OPTIMIZERS)]
     for kernel, label, wanted in needs:
         problem = wanted and kernel_problem(rows[kernel], label, variant, ctx.machine, ctx.device)
         if problem:

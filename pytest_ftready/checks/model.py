@@ -3,14 +3,10 @@ Both ask the session for the fact (measured once by the engine) and judge it."""
 
 from __future__ import annotations
 
-from ..engine.breakdown import advice_text, levers_for
 from ..outcomes import Fail
+from ..outputs.forecast_text import levers_text
 from ..units import human_bytes
 from .registry import STAGES, check
-
-
-def lever_advice(state, step) -> str:
-    return advice_text(levers_for(state.recipe, step.breakdown, step.num_layers, state.length_p95))
 
 
 @check("model.step_memory", stage=STAGES["model.step"], requires=("stack.precision", "stack.kernels", "data.masking"))
@@ -23,7 +19,7 @@ def step_memory(ctx) -> None:
     if step.out_of_memory:
         raise Fail(f"out of memory on {ctx.device.name} ({human_bytes(capacity or 0)}) running micro_batch_size "
                    f"{recipe.training.micro_batch_size} x max_length {recipe.data.max_length}: "
-                   f"{step.out_of_memory}\nLevers for this recipe:\n{lever_advice(state, step)}")
+                   f"{step.out_of_memory}\nLevers for this recipe:\n{levers_text(state.levers)}")
     if step.device_reserved_bytes is not None:
         ctx.measure("peak_device_allocated", step.device_allocated_bytes, "bytes")
         ctx.measure("peak_device_reserved", step.device_reserved_bytes, "bytes")
@@ -45,7 +41,7 @@ def step_memory(ctx) -> None:
         usable = step.usable_bytes(headroom)
         raise Fail(f"the worst-case step needs {human_bytes(step.peak_bytes)} but {ctx.device.name} offers "
                    f"{human_bytes(usable)} ({human_bytes(capacity)} less the {headroom:.0%} memory_headroom).\n"
-                   f"Levers for this recipe:\n{lever_advice(state, step)}")
+                   f"Levers for this recipe:\n{levers_text(state.levers)}")
 
 
 @check("model.overfit", stage=STAGES["model.overfit"], requires=("data.masking", "model.step_memory"))

@@ -78,7 +78,7 @@ class TensorBytes:
     alive (counting tensors undercounted the tiny model's step by ~47 % against the CPU
     allocator's own figures in the profiler). Outputs sharing an input's storage (views,
     in-place results) add nothing, nor do storages that existed before (``existing``).
-    Works on real and on fake tensors (engine.memory_forecast); keeps, per storage, the events of its
+    Works on real and on fake tensors (forecast.trace); keeps, per storage, the events of its
     birth and death so the live set at the peak can be classified afterwards."""
 
     def __init__(self, existing: Sequence = (), scalar_reads: bool = False) -> None:

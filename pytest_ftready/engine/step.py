@@ -41,6 +41,7 @@ class StepMeasurement:
     device_allocated_bytes: Optional[int] = None
     device_reserved_bytes: Optional[int] = None
     out_of_memory: str = ""  # the allocator's message when the step did not fit
+    vocab_size: int = 0  # of the model's output embeddings (the lever estimates' loss size)
 
     @property
     def tokens_per_s(self) -> float:
@@ -69,6 +70,8 @@ def measure_step(recipe, examples: Sequence, pad_id: int, torch_device: str, sha
         optimizer = make_optimizer(model, recipe)
         scheduler = make_scheduler(optimizer, recipe, total_steps=1, constant=True)
         layers = num_layers(model)
+        head = model.get_output_embeddings()
+        vocab = int(head.weight.shape[0]) if head is not None else 0
         try:
             with peak_memory(torch_device, count_tensors=count_tensors) as peak:
                 train_step(model, optimizer, scheduler, [batch], torch_device)
@@ -77,11 +80,12 @@ def measure_step(recipe, examples: Sequence, pad_id: int, torch_device: str, sha
             free_device_memory(torch_device)
             return StepMeasurement(capacity_bytes or 0, capacity_bytes, 0, "", tokens, 0.0,
                                    breakdown(model, optimizer, capacity_bytes or 0), layers,
-                                   out_of_memory=str(exc).splitlines()[0] if str(exc) else "OutOfMemoryError")
+                                   out_of_memory=str(exc).splitlines()[0] if str(exc) else "OutOfMemoryError",
+                                   vocab_size=vocab)
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         peak_bytes = peak.device_reserved_bytes if peak.device_reserved_bytes is not None else weights + peak.tensor_bytes
         parts = breakdown(model, optimizer, peak_bytes)
         seconds = timer(lambda: train_step(model, optimizer, scheduler, [batch], torch_device), rounds)
     return StepMeasurement(peak_bytes, capacity_bytes, peak.host_bytes, peak.host_method, tokens,
                            statistics.median(seconds), parts, layers, peak.device_allocated_bytes,
-                           peak.device_reserved_bytes)
+                           peak.device_reserved_bytes, vocab_size=vocab)

@@ -1,10 +1,13 @@
 """The model as the recipe trains it: LoRA adapter or full fine-tune, activation
-checkpointing, the optimizer and schedule, and one optimizer step (with accumulation)."""
+checkpointing, QLoRA preparation (``[model] kbit_preparation``), the optimizer (optionally
+stepped inside the backward, ``[training] optimizer_in_backward``) and schedule, the loss
+(full logits or chunked, ``[training] loss``), and one optimizer step (with accumulation)."""
 
 from __future__ import annotations
 
 import math
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from ..outcomes import Fail
@@ -43,12 +46,20 @@ def set_checkpointing(model, on: bool) -> None:
         model.gradient_checkpointing_disable()
 
 
+def kbit_preparation(recipe) -> bool:
+    """Whether peft's ``prepare_model_for_kbit_training`` runs on the quantized base: ``auto``
+    is the built-in engine's (and TRL's, the HF Trainer's) habit, on; a config imported from a
+    trainer that does not prepare (torchtune, litgpt) says ``off``."""
+    return recipe.model.quantization != "none" and recipe.model.kbit_preparation != "off"
+
+
 def make_trainable(base, recipe):
-    """Wrap the base model as the recipe trains it (LoRA adapter or full), in train mode."""
+    """Wrap the base model as the recipe trains it (LoRA adapter or full), in train mode, with
+    the recipe's loss (``step_loss``) attached."""
     if recipe.training.gradient_checkpointing:
         set_checkpointing(base, True)
     if recipe.adapter.method == "lora":
-        if recipe.model.quantization != "none":
+        if kbit_preparation(recipe):
             from peft import prepare_model_for_kbit_training
 
             base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=recipe.training.gradient_checkpointing)
@@ -65,6 +76,7 @@ def make_trainable(base, recipe):
         for p in model.parameters():
             p.requires_grad_(True)
     model.train()
+    setattr(model, LOSS_ATTRIBUTE, loss_plan(recipe))
     return model
 
 
@@ -105,25 +117,84 @@ def trainable(recipe, torch_device: str, shared_base: Callable[[], Any]) -> Iter
         free_device_memory(torch_device)
 
 
-def make_optimizer(model, recipe, learning_rate: Optional[float] = None):
+BITSANDBYTES_OPTIMIZERS = {"adamw_8bit": "AdamW8bit", "paged_adamw": "PagedAdamW", "paged_adamw_8bit": "PagedAdamW8bit"}
+
+
+def optimizer_factory(recipe, learning_rate: Optional[float] = None) -> Callable[[list], Any]:
+    """params -> the recipe's optimizer over them."""
     import torch
 
-    params = [p for p in model.parameters() if p.requires_grad]
     lr = recipe.training.learning_rate if learning_rate is None else learning_rate
-    name = recipe.training.optimizer
+    name, decay = recipe.training.optimizer, recipe.training.weight_decay
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=recipe.training.weight_decay)
+        return lambda params: torch.optim.AdamW(params, lr=lr, weight_decay=decay)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+        return lambda params: torch.optim.SGD(params, lr=lr, momentum=0.9)
     if name == "adafactor":
         from transformers.optimization import Adafactor
 
-        return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False)
+        return lambda params: Adafactor(params, lr=lr, scale_parameter=False, relative_step=False)
     try:
         import bitsandbytes as bnb
     except ImportError:
-        raise Fail("optimizer = \"adamw_8bit\" needs bitsandbytes: pip install 'pytest-ftready[quant]'") from None
-    return bnb.optim.AdamW8bit(params, lr=lr, weight_decay=recipe.training.weight_decay)
+        raise Fail(f"optimizer = \"{name}\" needs bitsandbytes: pip install 'pytest-ftready[quant]'") from None
+    cls = getattr(bnb.optim, BITSANDBYTES_OPTIMIZERS[name])
+    return lambda params: cls(params, lr=lr, weight_decay=decay)
+
+
+def make_optimizer(model, recipe, learning_rate: Optional[float] = None, factory=None):
+    """The recipe's optimizer over the trainable parameters; with ``optimizer_in_backward`` one
+    optimizer per parameter, stepped by the parameter's gradient hook (``in_backward``).
+    ``factory``: params -> optimizer, instead of the recipe's (the forecast's storage models)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    factory = factory or optimizer_factory(recipe, learning_rate)
+    if recipe.training.optimizer_in_backward:
+        return in_backward(params, factory)
+    return factory(params)
+
+
+def in_backward(params: list, factory: Callable[[list], Any]):
+    """An optimizer stepped inside the backward, as torchtune's ``optimizer_in_bwd`` does: one
+    optimizer per parameter, run by the parameter's post-accumulate-grad hook, which then frees
+    the gradient, so no whole-model set of gradients is ever held. The returned object is a
+    ``torch.optim.Optimizer`` (schedulers, ``state_dict`` and ``load_state_dict`` work on it; its
+    learning rate is handed to each parameter's optimizer); its ``step()`` steps only the
+    gradients no hook consumed (none after a backward). Gradient accumulation cannot combine
+    with it (each gradient is applied as soon as it exists)."""
+    import torch
+
+    class OptimizerInBackward(torch.optim.Optimizer):
+        def __init__(self) -> None:
+            self.per_parameter = {p: factory([p]) for p in params}
+            first = next(iter(self.per_parameter.values()), None)
+            defaults = dict(first.defaults) if first is not None else {"lr": 0.0}
+            super().__init__(params, defaults)
+            self._share_state()
+            self.hooks = [p.register_post_accumulate_grad_hook(self._step_parameter) for p in params]
+
+        def _share_state(self) -> None:  # one state table: state_dict() sees every parameter's state
+            for optimizer in self.per_parameter.values():
+                optimizer.state = self.state
+
+        def _step_parameter(self, p) -> None:
+            optimizer = self.per_parameter[p]
+            for group in optimizer.param_groups:
+                group["lr"] = self.param_groups[0]["lr"]
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for p in self.per_parameter:
+                if p.grad is not None:
+                    self._step_parameter(p)
+            return None
+
+        def load_state_dict(self, state_dict) -> None:
+            super().load_state_dict(state_dict)
+            self._share_state()
+
+    return OptimizerInBackward()
 
 
 def make_scheduler(optimizer, recipe, total_steps: int, constant: bool = False):
@@ -143,12 +214,99 @@ def make_scheduler(optimizer, recipe, total_steps: int, constant: bool = False):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+LOSS_ATTRIBUTE = "ftready_loss"  # make_trainable leaves the recipe's LossPlan on the model it returns
+LOGIT_SCALING = ("final_logit_softcapping", "logit_scale", "logits_scaling")  # heads that are more than a linear layer
+
+
+@dataclass(frozen=True)
+class LossPlan:
+    """How the loss meets the vocabulary: ``full`` (the model's own loss over all logits) or
+    ``chunked`` (logits of ``chunks`` pieces of the sequence, one at a time: each piece is
+    recomputed in the backward, so at most one piece's logits live); ``fused_linear`` (Liger)
+    and ``cut_cross_entropy`` (Apple's CCE) call their GPU kernels."""
+
+    kind: str = "full"
+    chunks: int = 1
+
+
+def loss_plan(recipe) -> LossPlan:
+    t = recipe.training
+    return LossPlan(t.loss, t.loss_chunks if t.loss == "chunked" else 1)
+
+
+def step_loss(model, batch: dict):
+    """The mean loss of one batch over its trained tokens, as the model's ``LossPlan`` computes it."""
+    plan = getattr(model, LOSS_ATTRIBUTE, None) or LossPlan()
+    if plan.kind == "full":
+        return model(**batch, use_cache=False).loss
+    import torch
+
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    scaled = {k: v for k, v in vars(causal_lm.config).items() if k in LOGIT_SCALING and v not in (None, 1, 1.0)}
+    if scaled:
+        raise Fail(f"[training] loss = \"{plan.kind}\" computes the logits as the output layer alone, but "
+                   f"{causal_lm.config.model_type} scales them ({scaled}): use loss = \"full\"")
+    inputs = {k: v for k, v in batch.items() if k != "labels"}  # position_ids of packed rows too
+    hidden = loss_forward_module(model)(**inputs, use_cache=False).last_hidden_state
+    head = causal_lm.get_output_embeddings()
+    labels = torch.nn.functional.pad(batch["labels"], (0, 1), value=-100)[..., 1:]  # the next token's label
+    trained = (labels != -100).sum().clamp(min=1)
+    if plan.kind == "chunked":
+        return _chunked_loss(hidden, head, labels, plan.chunks) / trained
+    return _kernel_loss(plan.kind, hidden, head, labels) / trained
+
+
+def loss_forward_module(model):
+    """The module whose forward ``step_loss`` runs: the model itself for the full loss (its
+    forward returns the loss); the decoder for the others (the loss follows it, piece by piece)."""
+    plan = getattr(model, LOSS_ATTRIBUTE, None) or LossPlan()
+    if plan.kind == "full":
+        return model
+    return (model.get_base_model() if hasattr(model, "get_base_model") else model).get_decoder()
+
+
+def _chunk_loss(hidden, weight, bias, labels):
+    import torch
+
+    logits = torch.nn.functional.linear(hidden, weight, bias).float()
+    return torch.nn.functional.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=-100,
+                                             reduction="sum")
+
+
+def _chunked_loss(hidden, head, labels, chunks: int):
+    from torch.utils.checkpoint import checkpoint
+
+    total = None
+    for h, y in zip(hidden.chunk(chunks, dim=1), labels.chunk(chunks, dim=1)):
+        part = checkpoint(_chunk_loss, h, head.weight, head.bias, y, use_reentrant=False)
+        total = part if total is None else total + part
+    return total
+
+
+def _kernel_loss(kind: str, hidden, head, labels):
+    """Liger's fused linear cross-entropy or Apple's Cut Cross-Entropy: Triton kernels, CUDA only."""
+    if hidden.device.type != "cuda":
+        raise Fail(f"[training] loss = \"{kind}\" runs a Triton kernel on an NVIDIA GPU; on "
+                   f"{hidden.device.type} use loss = \"chunked\" (the same memory behaviour, computed in pieces)")
+    flat, flat_labels = hidden.flatten(0, -2), labels.flatten()
+    try:
+        if kind == "fused_linear":
+            from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+            return LigerFusedLinearCrossEntropyLoss(reduction="sum")(head.weight, flat, flat_labels, head.bias)
+        from cut_cross_entropy import linear_cross_entropy
+
+        return linear_cross_entropy(flat, head.weight, flat_labels, bias=head.bias, reduction="sum")
+    except ImportError:
+        package = "liger-kernel" if kind == "fused_linear" else "cut-cross-entropy"
+        raise Fail(f"[training] loss = \"{kind}\" needs {package}: pip install {package}") from None
+
+
 def train_step(model, optimizer, scheduler, batches: Sequence[dict], device: str) -> float:
     """One optimizer step over ``batches`` (gradient accumulation); returns the mean loss."""
     total = 0.0
     for batch in batches:
-        out = model(**to_device(batch, device), use_cache=False)
-        loss = out.loss / len(batches)
+        loss = step_loss(model, to_device(batch, device)) / len(batches)
         loss.backward()
         total += float(loss.detach())
     optimizer.step()

@@ -80,8 +80,8 @@ def required_kernels(recipe) -> list[tuple[str, str]]:
         out.append((recipe.model.attn_implementation, f"attn_implementation = \"{recipe.model.attn_implementation}\""))
     if recipe.model.quantization != "none":
         out.append(("bitsandbytes", f"quantization = \"{recipe.model.quantization}\""))
-    elif recipe.training.optimizer == "adamw_8bit":
-        out.append(("bitsandbytes", "optimizer = \"adamw_8bit\""))
+    elif recipe.training.optimizer in ("adamw_8bit", "paged_adamw", "paged_adamw_8bit"):
+        out.append(("bitsandbytes", f"optimizer = \"{recipe.training.optimizer}\""))
     return out
 
 
@@ -91,7 +91,7 @@ def kernel_problem(row: dict, why: str, recipe, machine, device) -> str:
     if device.kind in ("cpu", "mps", "mlx"):
         if name == "bitsandbytes" and device.kind == "mps":
             modes = row["mps_modes"]
-            mode = "optim8" if recipe.training.optimizer == "adamw_8bit" else recipe.model.quantization
+            mode = "optim8" if recipe.training.optimizer in ("adamw_8bit", "paged_adamw", "paged_adamw_8bit") else recipe.model.quantization
             if mode not in modes:
                 return (f"{why}: bitsandbytes on Apple GPUs supports {', '.join(modes)} only; use "
                         f"{row['instead']}")

@@ -77,6 +77,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "quantization": _k("choice", "none", "bitsandbytes base quantization", choices=("none", "4bit", "8bit")),
         "trust_remote_code": _k("bool", False, "never true unless written here"),
         "license": _k("str", "", "overrides the license the model card declares"),
+        "kbit_preparation": _k("choice", "auto", "peft's prepare_model_for_kbit_training on a quantized base "
+                               "(auto: as the trainer does; TRL and the HF Trainer do, torchtune and litgpt do not)",
+                               choices=("auto", "on", "off")),
     },
     "data": {
         "train": _k("paths", REQUIRED, "local jsonl/json/parquet/csv files", must_exist=True),
@@ -109,7 +112,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "micro_batch_size": _k("int", 1, "examples per forward pass", positive=True),
         "gradient_accumulation_steps": _k("int", 1, "micro-batches per optimizer step", positive=True),
         "learning_rate": _k("float", 2e-4, "peak learning rate"),
-        "optimizer": _k("choice", "adamw", "optimizer", choices=("adamw", "adamw_8bit", "sgd", "adafactor")),
+        "optimizer": _k("choice", "adamw", "optimizer", choices=("adamw", "adamw_8bit", "paged_adamw", "paged_adamw_8bit", "sgd", "adafactor")),
         "lr_scheduler": _k("choice", "linear", "schedule after warm-up", choices=("linear", "cosine", "constant")),
         "warmup_steps": _k("int", 0, "linear warm-up steps"),
         "weight_decay": _k("float", 0.0, "AdamW weight decay"),
@@ -122,6 +125,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "compile": _k("bool", False, "torch.compile the model (needs triton on GPUs)"),
         "tf32": _k("bool", False, "allow TF32 matmuls (Ampere and newer)"),
         "fp8": _k("bool", False, "FP8 matmuls (torchao / Transformer Engine; Ada, Hopper and newer)"),
+        "loss": _k("choice", "full", "how the loss meets the vocabulary: full logits, chunked (loss_chunks pieces), "
+                   "fused_linear (Liger's fused linear cross-entropy) or cut_cross_entropy (Apple's CCE)",
+                   choices=("full", "chunked", "fused_linear", "cut_cross_entropy")),
+        "loss_chunks": _k("int", 8, "pieces the chunked loss computes logits for, one at a time", positive=True),
+        "optimizer_in_backward": _k("bool", False, "step each parameter's optimizer in its gradient hook (no whole-model gradients held)"),
     },
     "hardware": {
         "device": _k("choice", "auto", "where to train", choices=("auto", "cuda", "rocm", "mps", "cpu", "mlx")),
@@ -441,6 +449,10 @@ def _cross_checks(parser: _Parser, t: dict[str, PRecord]) -> None:
                           "use [adapter] method = \"lora\" (QLoRA) or quantization = \"none\"")
     if adapter.method == "lora" and not adapter.target_modules:
         raise parser.fail("[adapter] target_modules", "expected at least one module name, e.g. [\"q_proj\", \"v_proj\"]")
+    if training.optimizer_in_backward and training.gradient_accumulation_steps > 1:
+        raise parser.fail("[training] optimizer_in_backward", "steps each parameter as soon as its gradient exists, "
+                          "so it cannot accumulate gradients over micro-batches: write gradient_accumulation_steps "
+                          "= 1, or optimizer_in_backward = false")
     if training.learning_rate < 0:
         raise parser.fail("[training] learning_rate", f"expected a non-negative number, got {training.learning_rate}")
     bad = [s for s in privacy.scan if s not in SCAN_KINDS]

@@ -303,8 +303,9 @@ class RecipeState:
     @fact
     def memory_forecast(self):
         """The worst-case step's peak memory forecast from the model config alone, judged against
-        the recipe's target (engine.memory_forecast.Report)."""
-        from ..engine.memory_forecast import ConfigUnavailable, TraceError, forecast_report
+        the recipe's target (forecast.levers.Report)."""
+        from ..forecast.levers import forecast_report
+        from ..forecast.trace import ConfigUnavailable, TraceError
         from ..machine.targets import TargetError, recipe_target
         from ..outcomes import Skip
 
@@ -322,6 +323,21 @@ class RecipeState:
             raise Skip(f"the model's config is not available here: {exc}") from None
         except TraceError as exc:
             raise Skip(str(exc)) from None
+
+    @fact
+    def levers(self):
+        """The levers this recipe can pull, each with its saving (forecast.levers, the one lever
+        model): traced by the forecast where it runs, estimated from the measured step's
+        breakdown where it cannot (no config here, a step that cannot be traced)."""
+        from ..forecast.levers import ModelShape, estimated_levers, with_levers
+        from ..outcomes import Skip
+
+        try:
+            return list(with_levers(self.memory_forecast).levers)
+        except (Skip, Fail):
+            step = self.step
+            return estimated_levers(self.recipe, step.breakdown, ModelShape(step.num_layers, step.vocab_size),
+                                    self.length_p95)
 
     @fact
     def distributed_jobs(self):

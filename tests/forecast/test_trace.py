@@ -1,6 +1,7 @@
-"""engine.memory_forecast: the step's peak memory forecast from the config alone, against the real
-step measured on this CPU (the engine's own step, live tensor bytes), for the tiny recipe and
-its lever variants; an 8B-shaped QLoRA config with no weights; a target it does not fit."""
+"""forecast.trace: the step's peak memory forecast from the config alone, against the real step
+measured on this CPU (the engine's own step, live tensor bytes), for the tiny recipe and its
+lever variants, the chunked loss and the optimizer in the backward; an 8B-shaped QLoRA config
+with no weights; the modelled optimizers and loss kernels; a target it does not fit."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import time
 
 import pytest
 
-from pytest_ftready.engine.memory_forecast import (ConfigUnavailable, error_share, forecast, forecast_config,
-                                            measured_step_peak, quantized_storage_bytes, recipe_changes,
-                                            with_changes)
+from pytest_ftready.forecast.levers import with_changes
+from pytest_ftready.forecast.storage import quantized_storage_bytes
+from pytest_ftready.forecast.trace import (ConfigUnavailable, error_share, forecast, forecast_config,
+                                           measured_step_peak)
 from pytest_ftready.units import human_bytes
 from tests.forecasting import TOLERANCE, error_table
 
@@ -102,7 +104,7 @@ micro_batch_size = 2
 def test_a_kernel_the_architecture_lacks_is_a_trace_error_naming_it(tmp_path):
     from transformers import AutoConfig
 
-    from pytest_ftready.engine.memory_forecast import TraceError
+    from pytest_ftready.forecast.trace import TraceError
     from pytest_ftready.recipe.schema import load_recipe
 
     AutoConfig.for_model("gemma2", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -191,19 +193,6 @@ def test_8b_qlora_forecast_weights_equal_parameters_times_storage_bytes(llama_8b
     assert f.peak_bytes > f.weights_bytes + f.activation_bytes > f.weights_bytes
 
 
-def test_target_that_does_not_fit_fails_with_levers_each_forecast(make_state, edit_recipe, tiny_example, run_check):
-    from pytest_ftready.outcomes import Fail
-
-    state = make_state(memory_headroom='0.10\ntarget = "8MiB"')
-    with pytest.raises(Fail) as info:
-        run_check(state, "model.memory_forecast")
-    message = str(info.value)
-    assert "verdict: DOES NOT FIT" in message and "target 8MiB" in message
-    assert "activation checkpointing: [training] gradient_checkpointing = true; peak" in message
-    assert "micro_batch_size = 2, gradient_accumulation_steps = 4; peak" in message
-    assert "(forecast)" in message and "runtime context" in message and "PR #86509" in message
-
-
 def test_target_that_fits_passes_and_records_the_breakdown(make_state, run_check):
     ctx = run_check(make_state(memory_headroom='0.10\ntarget = "RTX 4090"'), "model.memory_forecast")
     names = {m.name: m for m in ctx.measured}
@@ -255,42 +244,6 @@ def test_hub_model_reads_only_config_json_from_the_cache_at_the_pinned_revision(
     assert forecast_config(recipe).hidden_size == 64
     f = forecast(recipe)
     assert f.parameters == 146_240 and f.activation_bytes > 0
-
-
-def test_command_prints_the_table_and_exits_by_the_verdict(tiny_example, capsys):
-    from pytest_ftready.engine.memory_forecast import main
-
-    recipe = str(tiny_example / "recipe.toml")
-    assert main([recipe, "--target", "RTX 4090"]) == 0
-    out = capsys.readouterr().out
-    assert "at the peak" in out and "activations" in out and "verdict: FITS" in out
-    assert main([recipe, "--target", "1MiB", "--no-levers"]) == 1
-    assert "DOES NOT FIT" in capsys.readouterr().out
-    assert main([recipe, "--target", "nonsense"]) == 2
-    assert "--target: 'nonsense' is neither a size" in capsys.readouterr().err
-
-
-def test_lever_changes_are_recipe_keys(make_state):
-    from pytest_ftready.engine.breakdown import Breakdown, levers_for
-
-    recipe = with_changes(make_state().recipe, [("adapter", "method", "none")])
-    b = Breakdown(weights_bytes=10, frozen_numel=0, trainable_bytes=10, gradient_bytes=10, optimizer_state_bytes=20,
-                  peak_bytes=100)
-    lora_recipe = with_changes(recipe, [("adapter", "method", "lora")])
-    levers = [(recipe, lv) for lv in levers_for(recipe, b, num_layers=2, p95_length=40)]
-    lora = [(lora_recipe, lv) for lv in levers_for(lora_recipe, b, 2, 40)]
-    seen = set()
-    for source, lever in levers + lora:
-        changes = recipe_changes(lever.change)
-        if lever.name.startswith("optimizer state offload"):
-            assert changes is None  # no recipe key: the breakdown's estimate stands
-            continue
-        assert changes, lever
-        with_changes(source, changes)  # every key exists, and the lever is a valid recipe
-        seen.update(key for _, key, _ in changes)
-    assert {"gradient_checkpointing", "micro_batch_size", "gradient_accumulation_steps", "max_length", "method",
-            "quantization", "optimizer"} <= seen
-    assert recipe_changes("[data] max_length = 64 (p95 of lengths is 40)") == [("data", "max_length", 64)]
 
 
 def test_max_length_beyond_the_models_positions_is_said(make_state):
