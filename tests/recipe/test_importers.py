@@ -82,7 +82,8 @@ neftune_noise_alpha: 5
     assert len(recipe.adapter.target_modules) == 7
     unchecked = dict(origin.not_checked)
     assert {"wandb_project", "hub_model_id", "neftune_noise_alpha", "datasets[0].shards"} <= set(unchecked)
-    assert any(c.startswith("deepspeed:") and "unsharded upper bound" in c for c in origin.caveats)
+    assert (recipe.distributed.zero_stage, recipe.distributed.strategy) == (3, "fsdp")  # read from the file name
+    assert any(c.startswith("deepspeed:") and "ZeRO-3 shards" in c for c in origin.caveats)
     assert any(c.startswith("datasets[0].roles_to_train") for c in origin.caveats)
     # nothing silently dropped: every top-level key is mapped, named in a caveat, or not checked
     named = {src.split("[")[0].split(".")[0].split(" ")[0] for src, _ in origin.mapped}
@@ -166,5 +167,5 @@ def test_a_hub_dataset_asks_for_local_files_and_the_side_toml_supplies_them(fold
         load_recipe(path)
     write(folder, "ftready.toml", '[data]\ntrain = ["data/train.jsonl"]\n')
     origin = load_recipe(path).origin
-    assert dict(origin.not_checked)["lerning_rate"] == "not a key this translator reads; did you mean learning_rate?"
+    assert dict(origin.not_checked)["lerning_rate"] == "not a key of TRL 1.16 as the plugin knows it; did you mean learning_rate?"
     assert ("learning_rate (default 2e-05)", "[training] learning_rate") in origin.mapped

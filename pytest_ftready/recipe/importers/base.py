@@ -34,11 +34,17 @@ class Translation:
     not_checked: tuple[tuple[str, str], ...]  # (source key, why)
     caveats: tuple[str, ...]  # values that change what the checks mean, each with what is and is not checked
     overrides: str = ""  # the side TOML applied on top, if any
+    classes: tuple[tuple[str, str], ...] = ()  # (config key, translated | noted) for every top-level key
+    unknown: tuple[str, ...] = ()  # config keys no row of the trainer's table names
+    overridden: tuple[str, ...] = ()  # "[table] key: translated value -> side file's value"
+    trainer_version: str = ""  # the trainer version whose keys and defaults were applied
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": self.format, "title": self.title, "source": self.source, "overrides": self.overrides,
                 "mapped": [list(pair) for pair in self.mapped],
-                "not_checked": [list(pair) for pair in self.not_checked], "caveats": list(self.caveats)}
+                "not_checked": [list(pair) for pair in self.not_checked], "caveats": list(self.caveats),
+                "classes": dict(self.classes), "unknown": list(self.unknown), "overridden": list(self.overridden),
+                "trainer_version": self.trainer_version}
 
     def header_lines(self) -> list[str]:
         """Terminal lines for pytest_report_header: what was translated, what was not."""
@@ -49,6 +55,8 @@ class Translation:
         if side:
             lines.append(f"ftready: {name} overrides from {side}: "
                          + ", ".join(dst for src, dst in self.mapped if src.startswith(side + " ")))
+            if self.overridden:
+                lines.append(f"ftready: {name} overridden by {side}: " + "; ".join(self.overridden))
         if self.not_checked:
             lines.append(f"ftready: {name} not checked ({len(self.not_checked)}): "
                          + ", ".join(f"{key} ({why})" for key, why in self.not_checked))
@@ -81,6 +89,9 @@ class Builder:
         self.caveats: list[str] = []
         self.unchecked: dict[str, str] = {}
         self.seen: set[str] = set()
+        self.classes: dict[str, str] = {}  # top-level config key -> class (table.apply fills it)
+        self.unknown: list[str] = []
+        self.version = ""
 
     def get(self, key: str, default: Any = None) -> Any:
         """The source value (``default`` when absent); marks the key as looked at."""
@@ -134,25 +145,25 @@ class Builder:
             if revision:
                 self.tables["model"]["revision"] = revision
 
-    def translation(self, overrides: str) -> Translation:
+    def translation(self, overrides: str, overridden: tuple[str, ...] = ()) -> Translation:
         known = sorted(k for k in self.seen if k not in self.raw)  # keys read but absent: a typo's target
         for key in self.raw:
-            if key not in self.seen:
+            if key not in self.seen and key not in self.classes:
                 close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
                 self.unchecked[key] = (f"not a key this translator reads; did you mean {close[0]}?" if close
                                        else "not translated: no check reads it")
         return Translation(self.format, self.title, str(self.path), tuple(self.mapped),
-                           tuple(sorted(self.unchecked.items())), tuple(self.caveats), overrides)
+                           tuple(sorted(self.unchecked.items())), tuple(self.caveats), overrides,
+                           tuple(self.classes.items()), tuple(self.unknown), tuple(overridden), self.version)
 
     def finish(self) -> Recipe:
         """Apply the side TOML, validate through the recipe schema, attach the translation."""
         side = side_toml(self.path)
+        overridden: list[str] = []
         if side is not None:
             for table, values in read_side_toml(side).items():
                 if isinstance(values, dict) and table in SCHEMA:
-                    for key, value in values.items():
-                        self.tables.setdefault(table, {})[key] = value
-                        self.mapped.append((f"{side.name} [{table}] {key}", f"[{table}] {key}"))
+                    overridden += self._override(side, table, values)
                 else:
                     self.tables[table] = values
                     self.mapped.append((f"{side.name} {table}", table))
@@ -163,7 +174,7 @@ class Builder:
                               + (f" ({notes})" if notes else "") + f"; the checks read local rows: write [data] "
                               f"train = [\"path/to/train.jsonl\"] in {self.path.stem}.{SIDE_TOML} or {SIDE_TOML} "
                               "beside it")
-        origin = self.translation(str(side) if side else "")
+        origin = self.translation(str(side) if side else "", tuple(overridden))
         try:
             return validate_recipe(self.tables, self.path, origin=origin)
         except RecipeError as exc:
@@ -171,6 +182,25 @@ class Builder:
             if source is None or source == exc.where:
                 raise
             raise RecipeError(self.path, f"{exc.where} (from {source})", exc.message) from None
+
+    def _override(self, side: Path, table: str, values: dict) -> list[str]:
+        """The side file's keys of ``table`` win over the translation; each one that replaced a
+        translated value is named. ``[model] path`` (or ``id``) replaces the other one: a config
+        that names a hub id can be pointed at a local copy of the model."""
+        current = self.tables.setdefault(table, {})
+        overridden = []
+        if table == "model":
+            for mine, other in (("path", "id"), ("id", "path")):
+                if mine in values and current.get(other):
+                    overridden.append(f"[model] {other} {current.pop(other)!r} replaced by [model] {mine}")
+                    if other == "id":
+                        current.pop("revision", None)
+        for key, value in values.items():
+            if key in current and current[key] != value:
+                overridden.append(f"[{table}] {key} {current[key]!r} -> {value!r}")
+            current[key] = value
+            self.mapped.append((f"{side.name} [{table}] {key}", f"[{table}] {key}"))
+        return overridden
 
 
 def _name(stem: str) -> str:
