@@ -267,6 +267,15 @@ def _save_steps(b: Builder, row, name: str, value: Any, default: bool) -> None:
         b.put(name, "training", "save_steps", int(float(value)))
 
 
+def _warmup(b: Builder, row, name: str, value: Any, default: bool) -> None:
+    value = float(value) if isinstance(value, str) and NUMBER.match(value) else value
+    if isinstance(value, float) and 0 < value < 1:  # transformers 5 and Axolotl read a fraction as a ratio
+        b.caveat(name.split(" ")[0], f"{value} of the total steps as warm-up (a ratio): model.overfit warms up "
+                 "with [training] warmup_steps, which keeps 0")
+    else:
+        b.put(name, "training", "warmup_steps", int(value))
+
+
 def _save_total_limit(b: Builder, row, name: str, value: Any, default: bool) -> None:
     if value == "unset":
         b.caveat("save_total_limit", "unset: the trainer keeps every checkpoint; headroom.disk counts the recipe's "
@@ -282,8 +291,10 @@ def _model(b: Builder, row, name: str, value: Any, default: bool) -> None:
 def _revision(b: Builder, row, name: str, value: Any, default: bool) -> None:
     if b.tables.get("model", {}).get("id"):
         b.put(name, "model", "revision", str(value))
-    else:
+    elif default:
         b.mapped.append((name, "(a local model: no revision)"))
+    else:
+        b.caveat(name.split(" ")[0], "a revision of a local model folder: the folder's files are what is checked")
 
 
 def _low_rank(b: Builder, row, name: str, value: Any, default: bool) -> None:
@@ -351,5 +362,5 @@ def _precision(b: Builder, row, name: str, value: Any, default: bool) -> None:
 
 
 SHARED_HANDLERS = {"attention": _attention, "precision": _precision, "optimizer": _optimizer, "scheduler": _scheduler, "deepspeed": _deepspeed, "fsdp": _fsdp,
-                   "stop_tokens": _stop_tokens, "save_steps": _save_steps, "save_total_limit": _save_total_limit,
+                   "stop_tokens": _stop_tokens, "save_steps": _save_steps, "warmup": _warmup, "save_total_limit": _save_total_limit,
                    "model": _model, "revision": _revision, "low_rank": _low_rank}

@@ -41,6 +41,14 @@ def _recorded(b: Builder, row: Row, name: str, value: Any, default: bool) -> Non
     b.seen.add(name.split(" ")[0])
 
 
+def _freeze(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
+    if (b.raw.get("finetuning_type") or "lora") != "freeze":
+        b.caveat(name, f"ignored by LLaMA-Factory: finetuning_type is {b.raw.get('finetuning_type') or 'lora'}, "
+                 "not freeze")
+    else:
+        b.seen.add(name)
+
+
 def _lora_alpha(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
     rank = b.raw.get("lora_rank") or 8
     b.put(name, "adapter", "alpha", rank * 2 if default else value)
@@ -59,13 +67,6 @@ def _packing(b: Builder, row: Row, name: str, value: Any, default: bool) -> None
     elif value:
         b.caveat(name, "data.masking verifies each row's labels before packing; data.packing checks with the "
                  "plugin's own packer, not LLaMA-Factory's")
-
-
-def _fp8(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
-    if name == "fp8":
-        b.put(name, "training", "fp8", bool(value))
-    else:
-        b.mapped.append((name, "[training] fp8 (backend)"))
 
 
 def _finetuning(b: Builder) -> None:
@@ -119,7 +120,9 @@ def _data(b: Builder) -> None:
     if isinstance(names, str):
         names = [n.strip() for n in names.split(",") if n.strip()]
     if not names:
-        raise b.fail("dataset", "missing; expected the dataset names of dataset_info.json, e.g. dataset: my_chats")
+        what = "" if b.raw.get("do_train") else " (no do_train either: an inference, evaluation or export config?)"
+        raise b.fail("dataset", f"missing{what}; a training config names the datasets of dataset_info.json, "
+                     "e.g. dataset: my_chats")
     folder = b.local_path(b.raw.get("dataset_dir") or DATASET_DIR)
     info_path = folder / "dataset_info.json"
     try:
@@ -180,5 +183,5 @@ def _data(b: Builder) -> None:
 
 
 HANDLERS = {**SHARED_HANDLERS, "mixed_precision": SHARED_HANDLERS["precision"], "quantization": _quantization,
-            "finetuning": _recorded, "freeze": _recorded, "lora_alpha": _lora_alpha, "targets": _targets,
-            "datasets": _recorded, "train_on": _recorded, "packing": _packing, "fp8": _fp8}
+            "finetuning": _recorded, "freeze": _freeze, "lora_alpha": _lora_alpha, "targets": _targets,
+            "datasets": _recorded, "train_on": _recorded, "packing": _packing}

@@ -126,6 +126,7 @@ def apply(b: Builder, table: KeyTable, handlers: dict[str, Handler], raw: Option
             if _refuses(row, value):
                 raise b.fail(key, f"{value!r}: {row.does}; the checks judge text supervised fine-tuning, "
                              f"so this config is refused ({table.trainer} {table.version}; see {row.source})")
+            b.classes[key] = "translated"  # a value the row allows: text SFT after all
             b.mapped.append((key, "(text SFT)"))
         elif row.cls == "noted":
             if row.effect == "none":

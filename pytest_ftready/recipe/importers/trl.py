@@ -89,8 +89,10 @@ def _checkpoint_dtype(b: Builder) -> Optional[str]:
 
 
 def _quantization(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
-    if value:
+    if value and b.raw.get("use_peft"):
         b.put(name, "model", "quantization", "4bit" if name.startswith("load_in_4bit") else "8bit")
+    elif value:
+        b.caveat(name, "a quantized base without use_peft cannot be fully fine-tuned (TRL fails): set use_peft: true")
     else:
         b.mapped.append((name, "(off)"))
 
@@ -210,6 +212,8 @@ def _data(b: Builder) -> None:
         if text_field != "text":
             b.caveat("dataset_text_field", f"rows are read from their {text_field!r} field by TRL; "
                      "the checks read 'text'")
+    if fmt != "text" and text_field != "text":
+        b.not_checked("dataset_text_field", f"read by TRL for plain-text rows only; these rows are {fmt}")
     if fmt:
         b.tables.setdefault("data", {})["format"] = fmt
     b.tables.setdefault("data", {})["pipeline"] = "trl"  # the examples are TRL's own (engine/trl_pipeline.py)
