@@ -51,6 +51,7 @@ class Translation:
         name = Path(self.source).name
         side = Path(self.overrides).name if self.overrides else None
         own = [(src, dst) for src, dst in self.mapped if not (side and src.startswith(side + " "))]
+        own.sort(key=lambda pair: " (default " in pair[0])  # the config's own keys first, trainer defaults after
         lines = [f"ftready: {name} read as {self.title}: " + ", ".join(f"{src} -> {dst}" for src, dst in own)]
         if side:
             lines.append(f"ftready: {name} overrides from {side}: "
