@@ -174,6 +174,9 @@ def distributed_fsdp(b: Builder, source: str, options: dict) -> None:
     """FSDP settings (offload_params / fsdp_offload_params) into [distributed]."""
     offload = any(str(options.get(k, "")).lower() in ("true", "1") for k in ("offload_params", "fsdp_offload_params"))
     _distributed(b, source, "fsdp", ["optimizer", "parameters"] if offload else [], "FSDP")
+    b.caveat(source.split(" ")[0], "FSDP shards the weights, gradients and optimizer states across the GPUs: where "
+             "the forecast does not model the sharding, the single-device memory checks over-count them by up to "
+             "(1 - 1/world_size)")
 
 
 def _distributed(b: Builder, source: str, strategy: str, offload: list, what: str) -> None:
@@ -240,7 +243,7 @@ def _deepspeed(b: Builder, row, name: str, value: Any, default: bool) -> None:
 
 def _fsdp(b: Builder, row, name: str, value: Any, default: bool) -> None:
     key = name.split(" ")[0]
-    if key == "fsdp_version" or (key == "fsdp_config" and b.raw.get("fsdp") is None and not isinstance(value, dict)):
+    if key == "fsdp_version" or (key == "fsdp_config" and (b.raw.get("fsdp") or not isinstance(value, dict))):
         b.mapped.append((name, "[distributed] strategy (fsdp)"))
         return
     if not value:

@@ -131,7 +131,7 @@ def apply(b: Builder, table: KeyTable, handlers: dict[str, Handler], raw: Option
         elif row.cls == "noted":
             if row.effect == "none":
                 b.not_checked(key, row.does)
-            elif value is not None and value is not False:
+            elif value is not None and value is not False and value != row.default:
                 b.caveat(key, row.note or row.does)
             else:
                 b.not_checked(key, f"{row.does} (off here)")
