@@ -286,3 +286,19 @@ def test_a_regex_target_reaches_peft_whole(tiny_model_dir, folder):
         model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), lora_config(recipe))
     adapted = sorted({n.split(".lora_A")[0] for n, _ in model.named_parameters() if ".lora_A" in n})
     assert [n.split(".layers.")[-1] for n in adapted] == ["1.self_attn.q_proj", "1.self_attn.v_proj"]
+
+
+def test_an_empty_sibling_key_takes_no_default_and_deepspeed_names_are_read(folder):
+    """`fp16:` written empty beside `bf16: true` (Axolotl's examples) leaves bf16; a DeepSpeed
+    config that is not beside the config is read from its name (ds_z3_offload_config.json)."""
+    path = write(folder, "axolotl.yml", "base_model: model\nbf16: true\nfp16:\nlearning_rate: 0.0001\n"
+                 "deepspeed: examples/deepspeed/ds_z3_offload_config.json\n"
+                 "datasets: [{path: data/train.jsonl, type: chat_template}]\n")
+    recipe = load_recipe(path)
+    assert recipe.model.dtype == "bfloat16"
+    assert (recipe.distributed.zero_stage, recipe.distributed.cpu_offload) == (3, "optimizer")
+    (folder / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
+                                                                      "offload_param": {"device": "cpu"}}}))
+    recipe = load_recipe(write(folder, "axolotl.yml", path.read_text().replace(
+        "examples/deepspeed/ds_z3_offload_config.json", "ds.json")))
+    assert (recipe.distributed.zero_stage, recipe.distributed.cpu_offload, recipe.distributed.strategy) == (2, "both", "ddp")

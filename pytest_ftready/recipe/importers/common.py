@@ -156,7 +156,7 @@ def distributed_deepspeed(b: Builder, source: str, value: Any) -> None:
                    if str((zero.get(key) or {}).get("device", "none")).lower() in ("cpu", "nvme")]
     else:  # a config the trainers ship (deepspeed_configs/zero3_bf16_cpuoffload_all.json): read from its name
         name = Path(str(value)).name.lower()
-        match = re.search(r"zero_?(\d)", name)
+        match = re.search(r"(?:zero|z)_?(\d)", name)
         stage = int(match.group(1)) if match else 0
         offload = (["optimizer", "parameters"] if "offload_all" in name or "offload_params" in name
                    else ["optimizer"] if "offload" in name else [])

@@ -136,8 +136,8 @@ def apply(b: Builder, table: KeyTable, handlers: dict[str, Handler], raw: Option
             else:
                 b.not_checked(key, f"{row.does} (off here)")
         else:
-            if value is None:
-                default = defaults.get(row.names[0], row.default)
+            if value is None:  # written but empty: the trainer's default (a sibling key of the row has none)
+                default = defaults.get(row.names[0], row.default) if key in (row.names[0], *row.aliases) else NOT_SET
                 if default is NOT_SET:
                     b.not_checked(key, f"{row.does} (unset)")
                     continue
