@@ -1,13 +1,16 @@
-"""Recipes from the configs teams already have: a TRL ``trl sft --config`` YAML, an Axolotl
-YAML, a LLaMA-Factory YAML (+ its ``dataset_info.json``). The format is recognised from the
-file's keys; each importer fills the same TOML-shaped tables a recipe.toml holds, a side
-``ftready.toml`` adds what those files cannot say (thresholds, privacy policy, a local model
-path), and the result goes through the recipe schema's validation. ``Recipe.origin`` keeps
-the translation: which key became which, which were not checked, which values change what
-the checks mean.
+"""Recipes from the configs teams already have: a TRL ``trl sft --config`` YAML (and the
+recipes built on TRL), an Axolotl YAML, a LLaMA-Factory YAML (+ its ``dataset_info.json``).
+The format is recognised from the file's keys. Each trainer's keys are data
+(``keys/<trainer>.toml``: the trainer's defaults, aliases, what each key does, its class and
+its source); ``table.apply`` walks a config through its table so that every key is
+translated, noted or refused, and each importer's handlers do what a value map cannot. A side
+``ftready.toml`` adds and overrides what those files cannot say (thresholds, privacy policy, a
+local model path), and the result goes through the recipe schema's validation.
+``Recipe.origin`` keeps the translation: which key became which, each key's class, the notes,
+what the side file overrode.
 
-Imports no trainer (TRL, Axolotl, LLaMA-Factory are never imported here: the files are read)
-and nothing outside ``recipe``; pyyaml is the only extra dependency."""
+Axolotl and LLaMA-Factory are never imported (the files are read); TRL's parser is asked when
+TRL is installed, lazily, at import of a TRL config. Imports nothing outside ``recipe``."""
 
 from __future__ import annotations
 

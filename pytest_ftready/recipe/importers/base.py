@@ -5,7 +5,6 @@ recipe.toml, plus the source key they came from). Reads files only; imports no t
 
 from __future__ import annotations
 
-import difflib
 import json
 import sys
 from dataclasses import dataclass
@@ -19,7 +18,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-MISSING = object()
 SIDE_TOML = "ftready.toml"
 
 
@@ -77,8 +75,9 @@ class Translation:
 
 
 class Builder:
-    """Fills recipe tables from one config; every top-level source key ends up mapped,
-    named in a caveat, or listed as not checked: none is dropped silently."""
+    """Fills recipe tables from one config (``table.apply`` walks it): every top-level source key
+    ends up translated, noted (a caveat, or listed as not checked) or refused: none is dropped
+    silently."""
 
     def __init__(self, path: Path, raw: dict, fmt: str, title: str) -> None:
         self.path = path
@@ -89,31 +88,18 @@ class Builder:
         self.mapped: list[tuple[str, str]] = []
         self.caveats: list[str] = []
         self.unchecked: dict[str, str] = {}
-        self.seen: set[str] = set()
         self.classes: dict[str, str] = {}  # top-level config key -> class (table.apply fills it)
         self.unknown: list[str] = []
         self.version = ""
 
-    def get(self, key: str, default: Any = None) -> Any:
-        """The source value (``default`` when absent); marks the key as looked at."""
-        self.seen.add(key)
-        value = self.raw.get(key, MISSING)
-        return default if value is MISSING or value is None else value
-
-    def has(self, key: str) -> bool:
-        return self.raw.get(key) is not None
-
     def put(self, source: str, table: str, key: str, value: Any) -> None:
-        self.seen.add(source.split("[")[0].split(".")[0])
         self.tables.setdefault(table, {})[key] = value
         self.mapped.append((source, f"[{table}] {key}"))
 
     def caveat(self, source: str, text: str) -> None:
-        self.seen.add(source.split("[")[0].split(".")[0])
         self.caveats.append(f"{source}: {text}")
 
     def not_checked(self, source: str, why: str) -> None:
-        self.seen.add(source.split("[")[0].split(".")[0])
         self.unchecked[source] = why
 
     def fail(self, source: str, message: str) -> RecipeError:
@@ -147,12 +133,6 @@ class Builder:
                 self.tables["model"]["revision"] = revision
 
     def translation(self, overrides: str, overridden: tuple[str, ...] = ()) -> Translation:
-        known = sorted(k for k in self.seen if k not in self.raw)  # keys read but absent: a typo's target
-        for key in self.raw:
-            if key not in self.seen and key not in self.classes:
-                close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
-                self.unchecked[key] = (f"not a key this translator reads; did you mean {close[0]}?" if close
-                                       else "not translated: no check reads it")
         return Translation(self.format, self.title, str(self.path), tuple(self.mapped),
                            tuple(sorted(self.unchecked.items())), tuple(self.caveats), overrides,
                            tuple(self.classes.items()), tuple(self.unknown), tuple(overridden), self.version)

@@ -37,16 +37,13 @@ def _quantization(b: Builder, row: Row, name: str, value: Any, default: bool) ->
 
 
 def _recorded(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
-    """Keys read together after the walk (adapter shape, freeze, data): recorded, resolved below."""
-    b.seen.add(name.split(" ")[0])
+    """Keys read together after the walk (adapter shape, data): _finetuning and _data resolve them."""
 
 
 def _freeze(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
     if (b.raw.get("finetuning_type") or "lora") != "freeze":
         b.caveat(name, f"ignored by LLaMA-Factory: finetuning_type is {b.raw.get('finetuning_type') or 'lora'}, "
                  "not freeze")
-    else:
-        b.seen.add(name)
 
 
 def _lora_alpha(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:

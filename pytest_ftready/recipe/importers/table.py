@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .base import MISSING, Builder
+from .base import Builder
 from .common import NUMBER
 
 if sys.version_info >= (3, 11):
@@ -33,6 +33,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 KEYS_DIR = Path(__file__).with_name("keys")
 CLASSES = ("translated", "noted", "refused")
 NOT_SET = object()  # a row without a default: the trainer's own is "unset"
+MISSING = object()  # a value that leaves the recipe as it is
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,3 @@ def convert(row: Row, value: Any) -> Any:
     if isinstance(value, str) and NUMBER.match(value):  # YAML reads 1e-4 as text; the trainers convert it
         return float(value) if any(c in value for c in ".eE") else int(value)
     return value
-
-
-def keys_of_class(b: Builder, cls: str) -> list[str]:
-    return [key for key, c in b.classes.items() if c == cls]

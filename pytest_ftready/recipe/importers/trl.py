@@ -111,8 +111,7 @@ def _targets(b: Builder, row: Row, name: str, value: Any, default: bool) -> None
 
 
 def _recorded(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
-    """Keys read together after the walk (data layout and loss flags): recorded, resolved in _data."""
-    b.seen.add(name.split(" ")[0])
+    """Keys read together after the walk (data layout and loss flags): _data resolves them."""
 
 
 def _chat_template(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
