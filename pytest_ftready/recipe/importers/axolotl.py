@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from .base import Builder
-from .common import SHARED_HANDLERS, add_stop_tokens, attention, chat_template_value, lora_targets
+from .common import (SHARED_HANDLERS, add_stop_tokens, attention, chat_template_value, lora_targets,
+                     peft_default_targets)
 from .table import Row, apply, load_table
 
 TITLE = "Axolotl"
@@ -52,6 +53,8 @@ def _quantization(b: Builder, row: Row, name: str, value: Any, default: bool) ->
 def _adapter(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
     if value in ("lora", "qlora"):
         b.put(name, "adapter", "method", "lora")
+        if not b.raw.get("lora_target_modules") and not b.raw.get("lora_target_linear"):
+            peft_default_targets(b, "lora_target_modules")
         if value == "qlora" and not b.raw.get("load_in_8bit"):
             b.put(name, "model", "quantization", "4bit")
     elif value:

@@ -284,6 +284,13 @@ def lora_targets(b: Builder, name: str, value: Any, every_linear: tuple = ()) ->
         b.put(name, "adapter", "target_modules", [str(v) for v in value])
 
 
+def peft_default_targets(b: Builder, source: str) -> None:
+    """LoRA without targets: peft picks the architecture's defaults (q_proj, v_proj on Llama)."""
+    b.put(f"{source} (unset)", "adapter", "target_modules", ["q_proj", "v_proj"])
+    b.caveat(source, "unset: peft picks the architecture's defaults; the checks use [\"q_proj\", \"v_proj\"] "
+             "(peft's Llama default): set [adapter] target_modules in ftready.toml for another architecture")
+
+
 ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash_attention_2",
              "flash_attention_3": "flash_attention_3", "flash": "flash_attention_2", "fa2": "flash_attention_2",
              "fa3": "flash_attention_3", "disabled": "eager", "auto": "sdpa"}

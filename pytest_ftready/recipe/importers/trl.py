@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .base import Builder, first_row, row_format
-from .common import SHARED_HANDLERS, accelerate_settings, chat_template_value, lora_targets, read_accelerate
+from .common import (SHARED_HANDLERS, accelerate_settings, chat_template_value, lora_targets, peft_default_targets,
+                     read_accelerate)
 from .table import Row, apply, load_table
 
 TITLE = "TRL (trl sft --config)"
@@ -100,10 +101,7 @@ def _quantization(b: Builder, row: Row, name: str, value: Any, default: bool) ->
 def _adapter(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
     b.put(name, "adapter", "method", "lora" if value else "none")
     if value and not b.raw.get("lora_target_modules"):
-        b.put("lora_target_modules (unset)", "adapter", "target_modules", ["q_proj", "v_proj"])
-        b.caveat("lora_target_modules", "unset: peft picks the architecture's defaults; the checks use "
-                 "[\"q_proj\", \"v_proj\"] (peft's Llama default): set [adapter] target_modules in ftready.toml "
-                 "for another architecture")
+        peft_default_targets(b, "lora_target_modules")
 
 
 def _targets(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
