@@ -302,3 +302,24 @@ def test_an_empty_sibling_key_takes_no_default_and_deepspeed_names_are_read(fold
     recipe = load_recipe(write(folder, "axolotl.yml", path.read_text().replace(
         "examples/deepspeed/ds_z3_offload_config.json", "ds.json")))
     assert (recipe.distributed.zero_stage, recipe.distributed.cpu_offload, recipe.distributed.strategy) == (2, "both", "ddp")
+
+
+def test_the_memory_forecast_names_the_config_levers_it_cannot_model(tiny_example, tmp_path, real_machine, run_check):
+    """A lever the trainer's config turns on (activation offloading here) is carried into the
+    recipe and named, with the bound of the error, by the memory check itself."""
+    import shutil
+
+    from pytest_ftready.checks.registry import all_checks
+    from pytest_ftready.session.state import RunState
+
+    for name in ("trl-sft.yaml", "ftready.toml"):
+        shutil.copy(TINY / name, tiny_example / name)
+    path = tiny_example / "trl-sft.yaml"
+    path.write_text(path.read_text() + "activation_offloading: true\n")
+    recipe = load_recipe(path)
+    assert recipe.training.activation_offloading is True
+    all_checks()
+    state = RunState(artifacts_root=tmp_path / "arts", machine_factory=lambda: real_machine).recipe_state(recipe)
+    measured = {m.name: m.value for m in run_check(state, "model.memory_forecast").measured}
+    assert "activation_offloading: carried as [training] activation_offloading" in measured["config_memory_notes"]
+    assert "over-counts by up to the saved activations" in measured["config_memory_notes"]

@@ -100,7 +100,7 @@ def _checkpointing(b: Builder, row: Row, name: str, value: Any, default: bool) -
     b.put(name, "training", "gradient_checkpointing", bool(value))
     if value in ("offload", "offload_disk"):
         b.put(name, "training", "activation_offloading", True)
-        b.caveat(name, f"{value!r} keeps the checkpoints off the device: carried as [training] activation_offloading; "
+        b.caveat(name, memory=True, text=f"{value!r} keeps the checkpoints off the device: carried as [training] activation_offloading; "
                  "where the forecast cannot model it the measured peak over-counts by the checkpointed activations")
 
 

@@ -36,13 +36,14 @@ class Translation:
     unknown: tuple[str, ...] = ()  # config keys no row of the trainer's table names
     overridden: tuple[str, ...] = ()  # "[table] key: translated value -> side file's value"
     trainer_version: str = ""  # the trainer version whose keys and defaults were applied
+    memory_notes: tuple[str, ...] = ()  # the caveats on memory the checks cannot model (a subset of caveats)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": self.format, "title": self.title, "source": self.source, "overrides": self.overrides,
                 "mapped": [list(pair) for pair in self.mapped],
                 "not_checked": [list(pair) for pair in self.not_checked], "caveats": list(self.caveats),
                 "classes": dict(self.classes), "unknown": list(self.unknown), "overridden": list(self.overridden),
-                "trainer_version": self.trainer_version}
+                "trainer_version": self.trainer_version, "memory_notes": list(self.memory_notes)}
 
     def header_lines(self) -> list[str]:
         """Terminal lines for pytest_report_header: what was translated, what was not."""
@@ -90,14 +91,19 @@ class Builder:
         self.unchecked: dict[str, str] = {}
         self.classes: dict[str, str] = {}  # top-level config key -> class (table.apply fills it)
         self.unknown: list[str] = []
+        self.memory_notes: list[str] = []
         self.version = ""
 
     def put(self, source: str, table: str, key: str, value: Any) -> None:
         self.tables.setdefault(table, {})[key] = value
         self.mapped.append((source, f"[{table}] {key}"))
 
-    def caveat(self, source: str, text: str) -> None:
+    def caveat(self, source: str, text: str, memory: bool = False) -> None:
+        """A value that changes what the checks mean; ``memory``: a lever the memory checks cannot
+        model, with the bound of their error (shown by model.step_memory and model.memory_forecast)."""
         self.caveats.append(f"{source}: {text}")
+        if memory:
+            self.memory_notes.append(f"{source}: {text}")
 
     def not_checked(self, source: str, why: str) -> None:
         self.unchecked[source] = why
@@ -135,7 +141,8 @@ class Builder:
     def translation(self, overrides: str, overridden: tuple[str, ...] = ()) -> Translation:
         return Translation(self.format, self.title, str(self.path), tuple(self.mapped),
                            tuple(sorted(self.unchecked.items())), tuple(self.caveats), overrides,
-                           tuple(self.classes.items()), tuple(self.unknown), tuple(overridden), self.version)
+                           tuple(self.classes.items()), tuple(self.unknown), tuple(overridden), self.version,
+                           tuple(self.memory_notes))
 
     def finish(self) -> Recipe:
         """Apply the side TOML, validate through the recipe schema, attach the translation."""

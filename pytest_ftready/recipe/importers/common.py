@@ -46,7 +46,7 @@ def low_rank(b: Builder, source: str, method: str, base: str) -> None:
     """GaLore / APOLLO: optimizer states in a low-rank projection of each matrix."""
     b.put(source, "training", "low_rank_optimizer", method)
     b.put(source, "training", "optimizer", base)
-    b.caveat(source.split(" ")[0], f"{method} keeps optimizer states in a low-rank projection: carried as [training] "
+    b.caveat(source.split(" ")[0], memory=True, text=f"{method} keeps optimizer states in a low-rank projection: carried as [training] "
              f"low_rank_optimizer = \"{method}\"; where the forecast cannot model it, optimizer-state memory is "
              "over-counted by up to the full-rank states (2 x 4 bytes per projected parameter with AdamW)")
 
@@ -124,7 +124,7 @@ def distributed_deepspeed(b: Builder, source: str, value: Any) -> None:
                  + (f" ({how})" if how and how != str(value) else ""))
     b.put(source, "distributed", "zero_stage", stage)
     if stage:
-        b.caveat(source, f"ZeRO-{stage} shards the {ZERO_SHARDS[stage]} across the GPUs: where the forecast does not "
+        b.caveat(source, memory=True, text=f"ZeRO-{stage} shards the {ZERO_SHARDS[stage]} across the GPUs: where the forecast does not "
                  "model the sharding, the single-device memory checks over-count them by up to (1 - 1/world_size)")
 
 
@@ -132,7 +132,7 @@ def distributed_fsdp(b: Builder, source: str, options: dict) -> None:
     """FSDP settings (offload_params / fsdp_offload_params) into [distributed]."""
     offload = any(str(options.get(k, "")).lower() in ("true", "1") for k in ("offload_params", "fsdp_offload_params"))
     _distributed(b, source, "fsdp", ["optimizer", "parameters"] if offload else [], "FSDP")
-    b.caveat(source.split(" ")[0], "FSDP shards the weights, gradients and optimizer states across the GPUs: where "
+    b.caveat(source.split(" ")[0], memory=True, text="FSDP shards the weights, gradients and optimizer states across the GPUs: where "
              "the forecast does not model the sharding, the single-device memory checks over-count them by up to "
              "(1 - 1/world_size)")
 
@@ -142,7 +142,7 @@ def _distributed(b: Builder, source: str, strategy: str, offload: list, what: st
     cpu = "both" if len(offload) == 2 else offload[0] if offload else "none"
     b.put(source, "distributed", "cpu_offload", cpu)
     if offload:
-        b.caveat(source.split(" ")[0], f"{what} offloads {' and '.join(offload)} to host memory: carried as "
+        b.caveat(source.split(" ")[0], memory=True, text=f"{what} offloads {' and '.join(offload)} to host memory: carried as "
                  f"[distributed] cpu_offload = \"{cpu}\"; the device-memory checks measure them on the device "
                  "(an upper bound) and host memory must hold them")
 
@@ -320,7 +320,7 @@ def _precision(b: Builder, row, name: str, value: Any, default: bool) -> None:
     if value in (True, "auto", "full"):
         b.put(name, "model", "dtype", PRECISION[key])
         if key == "pure_bf16":
-            b.caveat(key, "pure bf16: trainable weights and optimizer states stay in bf16 (no float32 master copy): "
+            b.caveat(key, memory=True, text="pure bf16: trainable weights and optimizer states stay in bf16 (no float32 master copy): "
                      "where the step keeps float32 trainable weights, their memory is over-counted by 2 bytes per "
                      "trained parameter, and updates smaller than bf16's precision are lost")
     elif value is False and key == "bf16" and not any(b.raw.get(k) for k in PRECISION if k != "bf16"):

@@ -84,7 +84,7 @@ def _finetuning(b: Builder) -> None:
     modules = str(b.raw.get("freeze_trainable_modules", "all"))
     total = _layer_count(b)
     if b.raw.get("use_llama_pro"):
-        b.caveat("use_llama_pro", f"LLaMA-Pro adds {abs(layers)} copied blocks and trains only them: the checks do "
+        b.caveat("use_llama_pro", memory=True, text=f"LLaMA-Pro adds {abs(layers)} copied blocks and trains only them: the checks do "
                  "not expand the model, so weights are under-counted by those blocks and trained parameters by "
                  "everything else frozen; set [training] trainable in ftready.toml to the new blocks' names")
         return

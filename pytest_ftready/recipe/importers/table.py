@@ -51,7 +51,7 @@ class Row:
     values: dict = field(default_factory=dict)  # trainer value (as text) -> recipe value; "" = leave as is
     how: str = ""  # the importer's handler for a translation a value map cannot say
     note: str = ""  # translated: what the checks still do not reflect when set; noted: why it matters
-    effect: str = ""  # "none": logging/reporting only (listed as not checked)
+    effect: str = ""  # "none": logging/reporting only (listed as not checked); "memory": a memory lever
     allow: tuple = ()  # refused: values that are text SFT after all (e.g. stage: sft)
     versions: str = ""  # trainer versions the row holds for, where it differs
 
@@ -133,7 +133,7 @@ def apply(b: Builder, table: KeyTable, handlers: dict[str, Handler], raw: Option
             if row.effect == "none":
                 b.not_checked(key, row.does)
             elif value is not None and value is not False and value != row.default:
-                b.caveat(key, row.note or row.does)
+                b.caveat(key, row.note or row.does, memory=row.effect == "memory")
             else:
                 b.not_checked(key, f"{row.does} (off here)")
         else:
@@ -177,7 +177,7 @@ def _translate(b: Builder, row: Row, name: str, value: Any, handlers: dict[str, 
             table, _, key = row.recipe.partition(".")
             b.put(name, table, key, converted)
     if row.note and not default and value not in (None, False):
-        b.caveat(name.split(" ")[0], row.note)
+        b.caveat(name.split(" ")[0], row.note, memory=row.effect == "memory")
 
 
 def convert(row: Row, value: Any) -> Any:

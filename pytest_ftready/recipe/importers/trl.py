@@ -154,7 +154,7 @@ def _precision_note(b: Builder) -> None:
     dtype = b.tables.get("model", {}).get("dtype")
     if (bf16 or fp16) and dtype == "float32":
         flag = "fp16" if fp16 else "bf16" + (" (TRL's default: on)" if b.raw.get("bf16") is None else "")
-        b.caveat("bf16" if not fp16 else "fp16", f"{flag} autocast over float32 weights: the checks run the step in "
+        b.caveat("bf16" if not fp16 else "fp16", memory=True, text=f"{flag} autocast over float32 weights: the checks run the step in "
                  "float32 without autocast, so activation memory is over-counted (up to 2x); set dtype: bfloat16 "
                  "to load the weights in bf16 as most recipes do")
 
