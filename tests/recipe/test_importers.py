@@ -323,3 +323,11 @@ def test_the_memory_forecast_names_the_config_levers_it_cannot_model(tiny_exampl
     measured = {m.name: m.value for m in run_check(state, "model.memory_forecast").measured}
     assert "activation_offloading: carried as [training] activation_offloading" in measured["config_memory_notes"]
     assert "over-counts by up to the saved activations" in measured["config_memory_notes"]
+
+
+def test_an_image_dataset_in_dataset_info_is_refused(folder):
+    (folder / "data" / "dataset_info.json").write_text(json.dumps({"pics": {
+        "file_name": "train.jsonl", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"}}}))
+    path = write(folder, "lf.yaml", "model_name_or_path: model\nstage: sft\ndataset: pics\n")
+    with pytest.raises(RecipeError, match=r"dataset: 'pics' has images columns in dataset_info.json: multimodal"):
+        load_recipe(path)
