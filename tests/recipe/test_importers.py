@@ -190,6 +190,9 @@ optimizer: paged_adamw_8bit
 micro_batch_size: 2
 learning_rate: 0.0002
 """)
+    write(folder, "ftready.toml", '[data]\ntrain = ["data/train.jsonl"]\n')
+    with pytest.raises(RecipeError, match=r"revision: missing; .* or check a local copy: \[model\] path"):
+        load_recipe(path)  # a hub id without revision_of_model, and no local model yet
     write(folder, "ftready.toml", '[model]\npath = "model"\n[data]\ntrain = ["data/train.jsonl"]\n')
     recipe = load_recipe(path)
     assert (recipe.data.max_length, recipe.data.packing, recipe.model.attn_implementation) == (4096, True,

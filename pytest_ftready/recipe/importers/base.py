@@ -166,10 +166,13 @@ class Builder:
         try:
             return validate_recipe(self.tables, self.path, origin=origin)
         except RecipeError as exc:
+            message = exc.message
+            if exc.where == "[model] revision":  # a hub id: a local copy is the other way out
+                message += f"; or check a local copy: [model] path = \"path/to/model\" in {SIDE_TOML} replaces the hub id"
             source = next((src for src, dst in reversed(self.mapped) if exc.where.startswith(dst)), None)
             if source is None or source == exc.where:
-                raise
-            raise RecipeError(self.path, f"{exc.where} (from {source})", exc.message) from None
+                raise RecipeError(self.path, exc.where, message) from None
+            raise RecipeError(self.path, f"{exc.where} (from {source})", message) from None
 
     def _override(self, side: Path, table: str, values: dict) -> list[str]:
         """The side file's keys of ``table`` win over the translation; each one that replaced a
