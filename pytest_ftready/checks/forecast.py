@@ -25,6 +25,8 @@ def memory_forecast(ctx) -> None:
     ctx.measure("forecast_trace_seconds", f.trace_seconds, "s")
     if f.notes:
         ctx.measure("forecast_notes", " | ".join(f.notes), "")
+    if ctx.recipe.origin is not None and ctx.recipe.origin.memory_notes:  # the trainer config's levers not modelled
+        ctx.measure("config_memory_notes", " | ".join(ctx.recipe.origin.memory_notes), "")
     if report.target is None:
         ctx.measure("forecast_target", "none: set [hardware] target to judge the forecast", "")
         return

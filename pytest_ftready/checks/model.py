@@ -26,6 +26,8 @@ def step_memory(ctx) -> None:
     else:
         ctx.measure("peak_tensor_bytes", step.peak_bytes, "bytes")
     ctx.measure("peak_host_step", step.host_peak_bytes, "bytes")
+    if recipe.origin is not None and recipe.origin.memory_notes:  # levers of the trainer's config not modelled
+        ctx.measure("config_memory_notes", " | ".join(recipe.origin.memory_notes), "")
     ctx.measure("host_peak_method", step.host_method, "")
     b = step.breakdown
     ctx.measure("weights", b.weights_bytes, "bytes")

@@ -6,6 +6,7 @@ stepped inside the backward, ``[training] optimizer_in_backward``) and schedule,
 from __future__ import annotations
 
 import math
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -29,7 +30,7 @@ def lora_config(recipe):
     from peft import LoraConfig
 
     a = recipe.adapter
-    return LoraConfig(r=a.r, lora_alpha=a.alpha, lora_dropout=a.dropout, target_modules=list(a.target_modules),
+    return LoraConfig(r=a.r, lora_alpha=a.alpha, lora_dropout=a.dropout, target_modules=a.target_regex or list(a.target_modules),
                       task_type="CAUSAL_LM")
 
 
@@ -65,7 +66,10 @@ def make_trainable(base, recipe):
             base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=recipe.training.gradient_checkpointing)
         from peft import get_peft_model
 
-        missing = [m for m in recipe.adapter.target_modules if not any(n.endswith(m) for n, _ in base.named_modules())]
+        names = [n for n, _ in base.named_modules()]
+        missing = ([recipe.adapter.target_regex] if recipe.adapter.target_regex and not any(
+            re.fullmatch(recipe.adapter.target_regex, n) for n in names) else
+            [m for m in recipe.adapter.target_modules if not any(n.endswith(m) for n in names)])
         if missing:
             raise Fail(f"[adapter] target_modules {missing} match no module of this model; its linear "
                        f"layers are named like {_linear_names(base)[:8]}")

@@ -107,6 +107,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "alpha": _k("float", 32.0, "LoRA alpha", positive=True),
         "dropout": _k("share", 0.05, "LoRA dropout"),
         "target_modules": _k("strs", ["q_proj", "v_proj"], "modules that get adapters"),
+        "target_regex": _k("str", "", "a regex peft full-matches against module names, instead of target_modules"),
     },
     "training": {
         "micro_batch_size": _k("int", 1, "examples per forward pass", positive=True),
@@ -130,6 +131,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
                    choices=("full", "chunked", "fused_linear", "cut_cross_entropy")),
         "loss_chunks": _k("int", 8, "pieces the chunked loss computes logits for, one at a time", positive=True),
         "optimizer_in_backward": _k("bool", False, "step each parameter's optimizer in its gradient hook (no whole-model gradients held)"),
+        "activation_offloading": _k("bool", False, "saved activations moved to host memory between forward and backward"),
+        "trainable": _k("strs", [], "full fine-tune of only the parameters whose names match these regexes "
+                        "(freeze / unfrozen_parameters); [] = every parameter"),
+        "low_rank_optimizer": _k("choice", "none", "optimizer states kept in a low-rank projection (GaLore, APOLLO)",
+                                 choices=("none", "galore", "apollo")),
     },
     "hardware": {
         "device": _k("choice", "auto", "where to train", choices=("auto", "cuda", "rocm", "mps", "cpu", "mlx")),
@@ -189,6 +195,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "timeout_s": _k("float", 300.0, "seconds a collective, or a rank without progress, may wait before the job fails",
                         positive=True),
         "min_bandwidth_share": _k("share", 0.25, "large-message bus bandwidth below this share of the link's fails"),
+        "zero_stage": _k("int", 0, "DeepSpeed ZeRO stage the trainer's config names (0 = none; 1 optimizer states, "
+                         "2 + gradients, 3 + parameters sharded)"),
+        "cpu_offload": _k("choice", "none", "what DeepSpeed / FSDP offloads to host memory",
+                          choices=("none", "optimizer", "parameters", "both")),
     },
 }
 TOP_KEYS = {"name": _k("str", "", "recipe name; default: the file stem")}
@@ -447,7 +457,7 @@ def _cross_checks(parser: _Parser, t: dict[str, PRecord]) -> None:
     if adapter.method == "none" and model.quantization != "none":
         raise parser.fail("[model] quantization", "a quantized base cannot be fully fine-tuned; "
                           "use [adapter] method = \"lora\" (QLoRA) or quantization = \"none\"")
-    if adapter.method == "lora" and not adapter.target_modules:
+    if adapter.method == "lora" and not adapter.target_modules and not adapter.target_regex:
         raise parser.fail("[adapter] target_modules", "expected at least one module name, e.g. [\"q_proj\", \"v_proj\"]")
     if training.optimizer_in_backward and training.gradient_accumulation_steps > 1:
         raise parser.fail("[training] optimizer_in_backward", "steps each parameter as soon as its gradient exists, "
@@ -477,6 +487,8 @@ def _distributed_checks(parser: _Parser, t: dict[str, PRecord]) -> None:
     if d.backend == "nccl" and device in ("cpu", "mps", "mlx"):
         raise parser.fail("[distributed] backend", f"nccl needs CUDA/ROCm GPUs but [hardware] device = \"{device}\"; "
                           "write backend = \"gloo\" (or \"auto\") to run the ranks on the CPU")
+    if d.zero_stage > 3:
+        raise parser.fail("[distributed] zero_stage", f"expected 0, 1, 2 or 3 (DeepSpeed ZeRO stages), got {d.zero_stage}")
     if d.nnodes > 1 and not re.fullmatch(r"\[?[A-Za-z0-9_.:-]+\]?:\d+", d.rdzv_endpoint):
         raise parser.fail("[distributed] rdzv_endpoint", f"nnodes = {d.nnodes} needs the rendezvous as \"host:port\" "
                           f"reachable from every node (e.g. \"node0.cluster:29400\"), got {d.rdzv_endpoint!r}")

@@ -24,8 +24,8 @@ def test_the_three_examples_run_offline_through_the_plugin(pytester, tiny_exampl
             assert found[f"{recipe}/{check}"][0] == "passed", (recipe, check, found[f"{recipe}/{check}"])
     header = result.stdout.str()
     assert "axolotl.yml read as Axolotl: base_model -> [model] path" in header
-    assert "llamafactory.yaml not checked (3): logging_steps" in header
-    assert "axolotl.yml not checked (2): logging_steps (not translated: no check reads it), val_set_size" in header
+    assert "llamafactory.yaml not checked (4): do_train (the launcher's switch to train" in header
+    assert "axolotl.yml not checked (2): logging_steps (logging, validation strictness" in header
     xml = (pytester.path / "out.xml").read_text()
     assert 'name="ftready_not_checked:trl-sft.yaml:report_to"' in xml
     assert 'name="ftready_not_checked:axolotl.yml:val_set_size"' in xml

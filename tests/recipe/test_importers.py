@@ -82,7 +82,8 @@ neftune_noise_alpha: 5
     assert len(recipe.adapter.target_modules) == 7
     unchecked = dict(origin.not_checked)
     assert {"wandb_project", "hub_model_id", "neftune_noise_alpha", "datasets[0].shards"} <= set(unchecked)
-    assert any(c.startswith("deepspeed:") and "unsharded upper bound" in c for c in origin.caveats)
+    assert (recipe.distributed.zero_stage, recipe.distributed.strategy) == (3, "fsdp")  # read from the file name
+    assert any(c.startswith("deepspeed:") and "ZeRO-3 shards" in c for c in origin.caveats)
     assert any(c.startswith("datasets[0].roles_to_train") for c in origin.caveats)
     # nothing silently dropped: every top-level key is mapped, named in a caveat, or not checked
     named = {src.split("[")[0].split(".")[0].split(" ")[0] for src, _ in origin.mapped}
@@ -166,5 +167,170 @@ def test_a_hub_dataset_asks_for_local_files_and_the_side_toml_supplies_them(fold
         load_recipe(path)
     write(folder, "ftready.toml", '[data]\ntrain = ["data/train.jsonl"]\n')
     origin = load_recipe(path).origin
-    assert dict(origin.not_checked)["lerning_rate"] == "not a key this translator reads; did you mean learning_rate?"
+    assert dict(origin.not_checked)["lerning_rate"] == "not a key of TRL 1.16 as the plugin knows it; did you mean learning_rate?"
     assert ("learning_rate (default 2e-05)", "[training] learning_rate") in origin.mapped
+
+
+def test_an_axolotl_hub_dataset_keeps_every_later_key(folder):
+    """The data sits on the hub (the usual case): the keys after datasets still translate."""
+    path = write(folder, "axolotl.yml", """
+base_model: meta-llama/Llama-3.1-8B-Instruct
+datasets:
+  - path: mlabonne/FineTome-100k
+    type: chat_template
+sequence_len: 4096
+sample_packing: true
+attn_implementation: flash_attention_2
+chat_template: llama3
+eot_tokens: ["<|eot_id|>"]
+adapter: lora
+lora_target_modules: 'model\\.layers\\.\\d+\\.self_attn\\.(q|v)_proj'
+liger_fused_linear_cross_entropy: true
+optimizer: paged_adamw_8bit
+micro_batch_size: 2
+learning_rate: 0.0002
+""")
+    write(folder, "ftready.toml", '[data]\ntrain = ["data/train.jsonl"]\n')
+    with pytest.raises(RecipeError, match=r"revision: missing; .* or check a local copy: \[model\] path"):
+        load_recipe(path)  # a hub id without revision_of_model, and no local model yet
+    write(folder, "ftready.toml", '[model]\npath = "model"\n[data]\ntrain = ["data/train.jsonl"]\n')
+    recipe = load_recipe(path)
+    assert (recipe.data.max_length, recipe.data.packing, recipe.model.attn_implementation) == (4096, True,
+                                                                                           "flash_attention_2")
+    assert recipe.data.stop_tokens == ["<|eot_id|>"] and recipe.data.format == "messages"
+    assert recipe.adapter.target_regex == r"model\.layers\.\d+\.self_attn\.(q|v)_proj"  # whole, not 40 letters
+    assert (recipe.training.loss, recipe.training.optimizer) == ("fused_linear", "paged_adamw_8bit")
+    assert any(c.startswith("chat_template: Axolotl renders with its built-in 'llama3'") for c in recipe.origin.caveats)
+    # the side file's local model replaces the hub id, and the header says so
+    assert recipe.model.path == folder / "model" and recipe.model.id == ""
+    header = "\n".join(recipe.origin.header_lines())
+    assert "[model] id 'meta-llama/Llama-3.1-8B-Instruct' replaced by [model] path" in header
+
+
+def test_side_file_keys_win_and_are_listed_as_overridden(folder):
+    path = write(folder, "sft.yaml", "model_name_or_path: model\ndataset_name: data\nmax_length: 4096\n")
+    write(folder, "ftready.toml", "[data]\nmax_length = 256\n")
+    recipe = load_recipe(path)
+    assert recipe.data.max_length == 256
+    assert recipe.origin.overridden == ("[data] max_length 4096 -> 256",)
+    assert "overridden by ftready.toml: [data] max_length 4096 -> 256" in "\n".join(recipe.origin.header_lines())
+
+
+@pytest.mark.parametrize(("config", "key"), [
+    ("base_model: model\nrl: dpo\ndatasets: [{path: data/train.jsonl, type: chat_template}]\n", "rl"),
+    ("base_model: model\nprocessor_type: AutoProcessor\ndatasets: [{path: data/train.jsonl, type: chat_template}]\n",
+     "processor_type"),
+    ("model_name_or_path: model\nstage: dpo\ndataset: chats\n", "stage"),
+    ("model_name_or_path: model\ndataset_name: data\nreward_funcs: [accuracy]\n", "reward_funcs"),
+])
+def test_what_is_not_text_sft_is_refused_in_one_line_naming_the_key(folder, config, key):
+    with pytest.raises(RecipeError) as info:
+        load_recipe(write(folder, "c.yaml", config))
+    assert info.value.where == key and "refused" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_trl_published_names_and_levers(folder):
+    """torch_dtype and max_seq_length (the names most recipes use), an inline chat template,
+    accelerate_config and Liger: each reaches the recipe."""
+    path = write(folder, "sft.yaml", """
+model_name_or_path: model
+dataset_name: data
+torch_dtype: bfloat16
+max_seq_length: 2048
+chat_template: "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
+accelerate_config: zero2
+use_liger_kernel: true
+""")
+    recipe = load_recipe(path)
+    assert (recipe.model.dtype, recipe.data.max_length, recipe.training.loss) == ("bfloat16", 2048, "fused_linear")
+    assert recipe.data.chat_template.read_text().startswith("{% for m in messages %}")
+    assert (recipe.distributed.zero_stage, recipe.distributed.strategy) == (2, "ddp")
+    assert not any("autocast over float32" in c for c in recipe.origin.caveats)
+    assert any(c.startswith("max_seq_length: max_seq_length was renamed max_length") for c in recipe.origin.caveats)
+
+
+def test_trl_without_trl_reads_its_table_to_the_same_recipe(monkeypatch):
+    from pytest_ftready.recipe.importers import trl
+
+    with_trl = load_recipe(TINY / "trl-sft.yaml")
+    monkeypatch.setattr(trl, "ask_trl", lambda raw: None)
+    without = load_recipe(TINY / "trl-sft.yaml")
+    assert "parser" in with_trl.origin.title and "parser" not in without.origin.title
+    plain = [{k: v for k, v in r.to_dict().items() if k != "translation"} for r in (with_trl, without)]
+    assert plain[0] == plain[1]
+
+
+def test_llamafactory_precision_levers_and_freeze(folder, tiny_model_dir):
+    (folder / "data" / "dataset_info.json").write_text(json.dumps({"chats": {
+        "file_name": "train.jsonl", "formatting": "sharegpt", "columns": {"messages": "messages"},
+        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}))
+    path = write(folder, "lf.yaml", f"model_name_or_path: {tiny_model_dir}\nstage: sft\ndataset: chats\n"
+                 "finetuning_type: freeze\nfreeze_trainable_layers: 1\npure_bf16: true\ncutoff_len: 4096\n"
+                 "use_galore: true\ntemplate: qwen\n")
+    recipe = load_recipe(path)
+    assert (recipe.model.dtype, recipe.data.max_length, recipe.adapter.method) == ("bfloat16", 4096, "none")
+    assert recipe.training.trainable == [r".*\.layers\.(1)\..*.*"]  # the last of the tiny model's 2 layers
+    assert recipe.training.low_rank_optimizer == "galore"
+    assert any(c.startswith("template: LLaMA-Factory renders chats with its own template") for c in recipe.origin.caveats)
+
+
+def test_a_regex_target_reaches_peft_whole(tiny_model_dir, folder):
+    """peft full-matches a string target as a regex: the engine passes it as one string."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from pytest_ftready.engine.trainable import lora_config, peft_quiet
+
+    path = write(folder, "a.yml", f"base_model: {tiny_model_dir}\nadapter: lora\nlearning_rate: 0.001\n"
+                 "lora_target_modules: 'model\\.layers\\.1\\.self_attn\\.(q|v)_proj'\n"
+                 "datasets: [{path: data/train.jsonl, type: chat_template}]\n")
+    recipe = load_recipe(path)
+    with peft_quiet():
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), lora_config(recipe))
+    adapted = sorted({n.split(".lora_A")[0] for n, _ in model.named_parameters() if ".lora_A" in n})
+    assert [n.split(".layers.")[-1] for n in adapted] == ["1.self_attn.q_proj", "1.self_attn.v_proj"]
+
+
+def test_an_empty_sibling_key_takes_no_default_and_deepspeed_names_are_read(folder):
+    """`fp16:` written empty beside `bf16: true` (Axolotl's examples) leaves bf16; a DeepSpeed
+    config that is not beside the config is read from its name (ds_z3_offload_config.json)."""
+    path = write(folder, "axolotl.yml", "base_model: model\nbf16: true\nfp16:\nlearning_rate: 0.0001\n"
+                 "deepspeed: examples/deepspeed/ds_z3_offload_config.json\n"
+                 "datasets: [{path: data/train.jsonl, type: chat_template}]\n")
+    recipe = load_recipe(path)
+    assert recipe.model.dtype == "bfloat16"
+    assert (recipe.distributed.zero_stage, recipe.distributed.cpu_offload) == (3, "optimizer")
+    (folder / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
+                                                                      "offload_param": {"device": "cpu"}}}))
+    recipe = load_recipe(write(folder, "axolotl.yml", path.read_text().replace(
+        "examples/deepspeed/ds_z3_offload_config.json", "ds.json")))
+    assert (recipe.distributed.zero_stage, recipe.distributed.cpu_offload, recipe.distributed.strategy) == (2, "both", "ddp")
+
+
+def test_the_memory_forecast_names_the_config_levers_it_cannot_model(tiny_example, tmp_path, real_machine, run_check):
+    """A lever the trainer's config turns on (activation offloading here) is carried into the
+    recipe and named, with the bound of the error, by the memory check itself."""
+    import shutil
+
+    from pytest_ftready.checks.registry import all_checks
+    from pytest_ftready.session.state import RunState
+
+    for name in ("trl-sft.yaml", "ftready.toml"):
+        shutil.copy(TINY / name, tiny_example / name)
+    path = tiny_example / "trl-sft.yaml"
+    path.write_text(path.read_text() + "activation_offloading: true\n")
+    recipe = load_recipe(path)
+    assert recipe.training.activation_offloading is True
+    all_checks()
+    state = RunState(artifacts_root=tmp_path / "arts", machine_factory=lambda: real_machine).recipe_state(recipe)
+    measured = {m.name: m.value for m in run_check(state, "model.memory_forecast").measured}
+    assert "activation_offloading: carried as [training] activation_offloading" in measured["config_memory_notes"]
+    assert "over-counts by up to the saved activations" in measured["config_memory_notes"]
+
+
+def test_an_image_dataset_in_dataset_info_is_refused(folder):
+    (folder / "data" / "dataset_info.json").write_text(json.dumps({"pics": {
+        "file_name": "train.jsonl", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"}}}))
+    path = write(folder, "lf.yaml", "model_name_or_path: model\nstage: sft\ndataset: pics\n")
+    with pytest.raises(RecipeError, match=r"dataset: 'pics' has images columns in dataset_info.json: multimodal"):
+        load_recipe(path)

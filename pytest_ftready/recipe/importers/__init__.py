@@ -1,13 +1,16 @@
-"""Recipes from the configs teams already have: a TRL ``trl sft --config`` YAML, an Axolotl
-YAML, a LLaMA-Factory YAML (+ its ``dataset_info.json``). The format is recognised from the
-file's keys; each importer fills the same TOML-shaped tables a recipe.toml holds, a side
-``ftready.toml`` adds what those files cannot say (thresholds, privacy policy, a local model
-path), and the result goes through the recipe schema's validation. ``Recipe.origin`` keeps
-the translation: which key became which, which were not checked, which values change what
-the checks mean.
+"""Recipes from the configs teams already have: a TRL ``trl sft --config`` YAML (and the
+recipes built on TRL), an Axolotl YAML, a LLaMA-Factory YAML (+ its ``dataset_info.json``).
+The format is recognised from the file's keys. Each trainer's keys are data
+(``keys/<trainer>.toml``: the trainer's defaults, aliases, what each key does, its class and
+its source); ``table.apply`` walks a config through its table so that every key is
+translated, noted or refused, and each importer's handlers do what a value map cannot. A side
+``ftready.toml`` adds and overrides what those files cannot say (thresholds, privacy policy, a
+local model path), and the result goes through the recipe schema's validation.
+``Recipe.origin`` keeps the translation: which key became which, each key's class, the notes,
+what the side file overrode.
 
-Imports no trainer (TRL, Axolotl, LLaMA-Factory are never imported here: the files are read)
-and nothing outside ``recipe``; pyyaml is the only extra dependency."""
+Axolotl and LLaMA-Factory are never imported (the files are read); TRL's parser is asked when
+TRL is installed, lazily, at import of a TRL config. Imports nothing outside ``recipe``."""
 
 from __future__ import annotations
 
@@ -25,8 +28,14 @@ TRL_KEYS = ("model_name_or_path", "dataset_name", "use_peft", "assistant_only_lo
             "max_length", "per_device_train_batch_size")
 
 
+# LLaMA-Factory v1 (``model`` + ``train_dataset``, ``dist_config``): a different schema, not read yet.
+LLAMAFACTORY_V1_KEYS = ("train_dataset", "model_class", "dist_config")
+
+
 def detect(raw: dict) -> str | None:
     """Which trainer wrote this mapping: "axolotl", "llamafactory", "trl", or None."""
+    if "model" in raw and any(key in raw for key in LLAMAFACTORY_V1_KEYS):
+        return "llamafactory_v1"
     if any(key in raw for key in AXOLOTL_KEYS):
         return "axolotl"
     if any(key in raw for key in LLAMAFACTORY_KEYS) or isinstance(raw.get("dataset"), str):
@@ -45,6 +54,10 @@ def load_config(path: Path | str) -> Recipe:
         raise RecipeError(path, "", "not a TRL, Axolotl or LLaMA-Factory config (none of base_model, "
                           "model_name_or_path with stage/finetuning_type, or model_name_or_path with SFTConfig keys); "
                           "pass a recipe.toml or one of those configs")
+    if fmt == "llamafactory_v1":
+        raise RecipeError(path, "train_dataset", "a LLaMA-Factory v1 config (model / train_dataset / dist_config), "
+                          "whose keys the plugin does not read yet: check the run with a recipe.toml, or with the "
+                          "same run written as a LLaMA-Factory 0.9 config (model_name_or_path, dataset, stage)")
     module = IMPORTERS[fmt]
     builder = Builder(path, raw, fmt, module.TITLE)
     module.translate(builder)

@@ -1,109 +1,111 @@
-"""Axolotl: its YAML config (``axolotl train config.yml``), read with Axolotl's key names and
-defaults (0.19: sequence_len 512, no adapter = full fine-tune, gradient checkpointing off).
+"""Axolotl: its YAML config (``axolotl train config.yml``), read key by key through
+``keys/axolotl.toml`` (Axolotl 0.19's names, deprecated names and defaults: sequence_len 512,
+no adapter = full fine-tune, gradient checkpointing off, cosine schedule, fused AdamW).
 Axolotl itself is never imported (it pins other transformers/TRL versions)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from .base import Builder
-from .common import (map_optimizer, map_scheduler, mixed_precision_dtype, note_meanings,
-                     packing_meaning, put_if, put_many)
+from .common import (SHARED_HANDLERS, add_stop_tokens, attention, chat_template_value, lora_targets,
+                     peft_default_targets)
+from .table import Row, apply, load_table
 
 TITLE = "Axolotl"
-DEFAULTS = {"sequence_len": 512, "micro_batch_size": 1, "gradient_accumulation_steps": 1, "num_epochs": 1.0,
-            "gradient_checkpointing": False,
-            "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "output_dir": "./model-out"}
-# Llama-style linear layer names: what lora_target_linear selects on Llama/Qwen/Mistral models.
-ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-ATTENTION = {"flash_attention": "flash_attention_2", "sdp_attention": "sdpa", "eager_attention": "eager"}
+FLAGS = {"flash_attention": "flash_attention_2", "sdp_attention": "sdpa", "eager_attention": "eager"}
 CHAT_TYPES = ("chat_template", "chat_template.default")
 DATASET_KEYS_READ = {"path", "type", "data_files", "ds_type", "split", "field_messages", "roles_to_train",
                      "train_on_eos", "message_property_mappings", "message_field_role", "message_field_content",
-                     "field", "chat_template", "name"}
-MEANING = {
-    "sample_packing": packing_meaning("Axolotl"),
-    "deepspeed": "memory checks measure one device without DeepSpeed sharding or offload: their peak is the "
-                 "unsharded upper bound; stack, data and masking checks are unaffected",
-    "fsdp": "memory checks measure one device without FSDP sharding: their peak is the unsharded upper bound",
-    "fsdp_config": "memory checks measure one device without FSDP sharding: their peak is the unsharded upper bound",
-    "max_steps": "Axolotl stops after max_steps; headroom.time and headroom.disk budget the epochs instead",
-    "xformers_attention": "xformers attention is measured as sdpa",
-    "s2_attention": "shifted-sparse attention is measured as sdpa",
-    "flex_attention": "flex attention is measured as sdpa",
-    "unsloth_lora_mlp": "Unsloth kernels change memory and speed: model.step_memory measures plain PEFT",
-    "liger_rms_norm": "Liger kernels change memory and speed: model.step_memory measures plain transformers",
-    "special_tokens": "tokens Axolotl adds or replaces are not applied: an eos_token here is read as an extra "
-                      "stop token ([data] stop_tokens)",
-    "tokens": "tokens Axolotl adds to the vocabulary are not added by the checks",
-    "tokenizer_config": "the checks load the tokenizer of base_model",
-    "warmup_ratio": "warm-up as a ratio is not translated: model.overfit uses warmup_steps",
-    "peft_use_dora": "DoRA adds memory and compute: model.step_memory measures plain LoRA",
-    "peft_use_rslora": "rank-stabilised LoRA scales updates differently: model.overfit trains plain LoRA",
-    "lora_modules_to_save": "fully trained extra modules are not built by the checks: memory is under-counted",
-    "default_system_message": "Axolotl inserts a system message the rows do not have: data.masking verifies the rows "
-                              "as they are",
-    "saves_per_epoch": "checkpoint frequency per epoch is not translated: headroom.disk counts save_total_limit",
-}
+                     "field", "chat_template", "name", "chat_template_jinja"}
+# dataset types that are not text SFT rows (Axolotl's preference / RL strategies)
+PREFERENCE_TYPES = ("chatml.", "llama3.", "zephyr.", "user_defined.", "bradley_terry", "stepwise_supervised")
 
 
 def translate(b: Builder) -> None:
-    b.model("base_model", b.get("base_model"), b.get("revision_of_model"))
-    if b.has("revision_of_model"):
-        b.mapped.append(("revision_of_model", "[model] revision"))
-    for key in ("base_model_config", "model_type", "tokenizer_type", "load_in_8bit", "load_in_4bit", "adapter"):
-        b.get(key)
-    precision = mixed_precision_dtype(b, "bf16", "fp16")
-    if precision is None and b.get("bf16") is None and b.get("fp16") is None:
-        b.tables.setdefault("model", {})["dtype"] = "bfloat16"  # Axolotl's default bf16: auto
-        b.mapped.append(("bf16 (default auto)", "[model] dtype"))
-    elif precision is None:
-        b.tables.setdefault("model", {})["dtype"] = "float32"
-    attention = [key for key in ATTENTION if b.get(key)]
-    if attention:
-        b.put(attention[0], "model", "attn_implementation", ATTENTION[attention[0]])
-    put_if(b, "trust_remote_code", "model", "trust_remote_code")
+    table = load_table("axolotl")
+    b.version = table.version
+    apply(b, table, HANDLERS)
+    _finish(b)
 
-    adapter = b.get("adapter")
-    if adapter in ("lora", "qlora"):
-        b.put("adapter", "adapter", "method", "lora")
-        if adapter == "qlora" or b.get("load_in_4bit"):
-            b.put("adapter" if adapter == "qlora" else "load_in_4bit", "model", "quantization", "4bit")
-        elif b.get("load_in_8bit"):
-            b.put("load_in_8bit", "model", "quantization", "8bit")
-        put_many(b, "adapter", [("lora_r", "r"), ("lora_alpha", "alpha"), ("lora_dropout", "dropout")], DEFAULTS)
-        if b.get("lora_target_linear"):
-            b.put("lora_target_linear", "adapter", "target_modules", list(ALL_LINEAR))
-            b.caveat("lora_target_linear", f"all linear layers, read as {ALL_LINEAR} (Llama-style names); for "
-                     "another architecture set [adapter] target_modules in ftready.toml")
-        elif b.get("lora_target_modules"):
-            b.put("lora_target_modules", "adapter", "target_modules", list(b.get("lora_target_modules")))
-    elif adapter:
-        raise b.fail("adapter", f"expected lora or qlora (or no adapter for a full fine-tune), got {adapter!r}")
+
+def _attention_flag(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
+    if not value:
+        b.mapped.append((name, "(off)"))
+    elif b.raw.get("attn_implementation"):
+        b.caveat(name, "ignored: attn_implementation is set and wins")
+    elif name in FLAGS:
+        b.put(name, "model", "attn_implementation", FLAGS[name])
     else:
-        b.put("adapter (absent)", "adapter", "method", "none")
-
-    _datasets(b)
-
-    put_many(b, "training", [("micro_batch_size", "micro_batch_size"),
-                             ("gradient_accumulation_steps", "gradient_accumulation_steps"),
-                             ("learning_rate", "learning_rate"), ("num_epochs", "epochs"),
-                             ("gradient_checkpointing", "gradient_checkpointing"), ("output_dir", "output_dir"),
-                             ("seed", "seed"), ("save_steps", "save_steps"), ("save_total_limit", "save_total_limit"),
-                             ("warmup_steps", "warmup_steps"), ("weight_decay", "weight_decay"), ("tf32", "tf32"),
-                             ("torch_compile", "compile")], DEFAULTS)
-    if b.has("optimizer"):
-        map_optimizer(b, "optimizer", b.get("optimizer"))
-    if b.has("lr_scheduler"):
-        map_scheduler(b, "lr_scheduler", b.get("lr_scheduler"))
-    note_meanings(b, MEANING)
-    special = b.get("special_tokens")
-    if isinstance(special, dict) and special.get("eos_token"):
-        b.put("special_tokens.eos_token", "data", "stop_tokens", [special["eos_token"]])
+        attention(b, name, name.replace("_attention", ""))
 
 
-def _datasets(b: Builder) -> None:
-    entries = b.get("datasets")
+def _quantization(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
+    if value and b.raw.get("adapter") in ("lora", "qlora"):
+        b.put(name, "model", "quantization", "4bit" if name == "load_in_4bit" else "8bit")
+    elif value:
+        b.caveat(name, "a quantized base without an adapter cannot be fully fine-tuned: set adapter: qlora")
+    else:
+        b.mapped.append((name, "(off)"))
+
+
+def _adapter(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
+    if value in ("lora", "qlora"):
+        b.put(name, "adapter", "method", "lora")
+        if not b.raw.get("lora_target_modules") and not b.raw.get("lora_target_linear"):
+            peft_default_targets(b, "lora_target_modules")
+        if value == "qlora" and not b.raw.get("load_in_8bit"):
+            b.put(name, "model", "quantization", "4bit")
+    elif value:
+        raise b.fail("adapter", f"expected lora or qlora (or no adapter for a full fine-tune), got {value!r}")
+    else:
+        b.put(name if not default else "adapter (absent: full fine-tune)", "adapter", "method", "none")
+
+
+def _targets(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
+    if name == "lora_target_linear":
+        if value:
+            lora_targets(b, name, "linear", ("linear",))
+        else:
+            b.mapped.append((name, "(off)"))
+    elif not b.raw.get("lora_target_linear"):
+        lora_targets(b, name, value)
+
+
+def _chat_template(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
+    if name == "chat_template_jinja" or value == "jinja":
+        chat_template_value(b, "chat_template_jinja", b.raw.get("chat_template_jinja"))
+    elif str(value).startswith("tokenizer_default"):
+        b.mapped.append((name, "(the tokenizer's own template)"))
+    else:
+        b.caveat(name, f"Axolotl renders with its built-in {value!r} template, which the checks cannot load without "
+                 "Axolotl: data.template and data.masking verify the model's own template; save Axolotl's template "
+                 "as a .jinja file and set [data] chat_template in ftready.toml to verify that one")
+
+
+def _special_tokens(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
+    if isinstance(value, dict) and value.get("eos_token"):
+        add_stop_tokens(b, "special_tokens.eos_token", [value["eos_token"]])
+    others = sorted(k for k in (value or {}) if k != "eos_token")
+    if others:
+        b.caveat(name, f"{', '.join(others)} set or added by Axolotl are not applied by the checks")
+
+
+def _train_on_inputs(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
+    b.mapped.append((name, "[data] train_on (with datasets)"))
+
+
+def _checkpointing(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
+    b.put(name, "training", "gradient_checkpointing", bool(value))
+    if value in ("offload", "offload_disk"):
+        b.put(name, "training", "activation_offloading", True)
+        b.caveat(name, memory=True, text=f"{value!r} keeps the checkpoints off the device: carried as [training] activation_offloading; "
+                 "where the forecast cannot model it the measured peak over-counts by the checkpointed activations")
+
+
+def _datasets(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
+    entries = value
     if not isinstance(entries, list) or not entries:
         raise b.fail("datasets", "expected a list of datasets with path and type, e.g. "
                      "[{path: data/train.jsonl, type: chat_template}]")
@@ -113,28 +115,14 @@ def _datasets(b: Builder) -> None:
         where = f"datasets[{i}]"
         if not isinstance(entry, dict):
             raise b.fail(where, f"expected a mapping with path and type, got {entry!r}")
-        found = _entry_files(b, where, entry)
         kind = entry.get("type")
-        if kind in CHAT_TYPES:
+        if isinstance(kind, str) and (kind.startswith(PREFERENCE_TYPES) or kind in ("dpo", "kto", "orpo")):
+            raise b.fail(f"{where}.type", f"{kind!r} is a preference/RL dataset strategy: the checks judge text "
+                         "supervised fine-tuning, so this config is refused")
+        found = _entry_files(b, where, entry)
+        if kind in CHAT_TYPES or kind is None and entry.get("field_messages"):
             kinds.add("messages")
-            field = entry.get("field_messages", "messages")
-            if field != "messages":
-                b.caveat(f"{where}.field_messages", f"messages are read from {field!r} by Axolotl; the checks read "
-                         "'messages': data.format fails until the rows use it")
-            for key in ("message_property_mappings", "message_field_role", "message_field_content"):
-                if key in entry:
-                    b.caveat(f"{where}.{key}", "renamed message fields are not applied: the checks read "
-                             "role and content")
-            roles = entry.get("roles_to_train", ["assistant"])
-            if sorted(roles) != ["assistant"]:
-                b.caveat(f"{where}.roles_to_train", f"{roles} trained by Axolotl; data.masking verifies that only "
-                         "assistant turns are trained")
-            eos = entry.get("train_on_eos", "turn")
-            if eos not in ("turn", "last"):
-                b.caveat(f"{where}.train_on_eos", f"{eos!r}: data.masking expects every trained turn's stop token "
-                         "trained and reports the difference")
-            if entry.get("chat_template"):
-                b.caveat(f"{where}.chat_template", "a per-dataset template is not applied: the checks use one template")
+            _chat_entry(b, where, entry)
         elif kind == "completion":
             kinds.add("text")
             if entry.get("field", "text") != "text":
@@ -149,36 +137,61 @@ def _datasets(b: Builder) -> None:
             if key not in DATASET_KEYS_READ:
                 b.not_checked(f"{where}.{key}", "dataset option the checks do not apply")
         files += found
-    if not files:
-        return  # named in caveats; Builder.finish asks for [data] train in ftready.toml
     if len(kinds) > 1:
         raise b.fail("datasets", "chat_template and completion datasets mixed: the checks read one row format; "
                      "check them as two configs")
-    fmt = kinds.pop()
-    b.put("datasets[].path", "data", "train", [str(f) for f in files])
-    b.tables["data"]["format"] = fmt
-    b.tables["data"]["train_on"] = "assistant" if fmt == "messages" else "all"
-    b.mapped.append(("datasets[].type", "[data] format, train_on"))
-    b.put("sequence_len", "data", "max_length", b.get("sequence_len", DEFAULTS["sequence_len"]))
-    b.put("sample_packing", "data", "packing", bool(b.get("sample_packing", False)))
-    template, jinja = b.get("chat_template"), b.get("chat_template_jinja")
-    if jinja:
-        candidate = b.local_path(str(jinja)) if len(str(jinja)) < 4096 and "\n" not in str(jinja) else None
-        if candidate is not None and candidate.is_file():
-            b.put("chat_template_jinja", "data", "chat_template", str(jinja))
-        else:
-            b.caveat("chat_template_jinja", "an inline template is not applied: save it as a .jinja file and set "
-                     "[data] chat_template in ftready.toml")
-    elif template and template != "tokenizer_default" and not str(template).startswith("tokenizer_default"):
-        b.caveat("chat_template", f"Axolotl renders with its built-in {template!r} template, which the checks cannot "
-                 "load without Axolotl: they verify the model's own template; save Axolotl's template as a .jinja "
-                 "file and set [data] chat_template in ftready.toml to verify that one")
+    fmt = kinds.pop() if kinds else None
+    if fmt:  # the row format is known even when the rows are on the hub: a side file supplies local files
+        data = b.tables.setdefault("data", {})
+        data["format"] = fmt
+        data["train_on"] = "assistant" if fmt == "messages" else "all"
+        b.mapped.append(("datasets[].type", "[data] format, train_on"))
+    if files:
+        b.put("datasets[].path", "data", "train", [str(f) for f in files])
+
+
+def _chat_entry(b: Builder, where: str, entry: dict) -> None:
+    field = entry.get("field_messages", "messages")
+    if field != "messages":
+        b.caveat(f"{where}.field_messages", f"messages are read from {field!r} by Axolotl; the checks read "
+                 "'messages': data.format fails until the rows use it")
+    for key in ("message_property_mappings", "message_field_role", "message_field_content"):
+        if key in entry:
+            b.caveat(f"{where}.{key}", "renamed message fields are not applied: the checks read role and content")
+    roles = entry.get("roles_to_train", ["assistant"])
+    if sorted(roles) != ["assistant"]:
+        b.caveat(f"{where}.roles_to_train", f"{roles} trained by Axolotl; data.masking verifies that only "
+                 "assistant turns are trained")
+    eos = entry.get("train_on_eos", "turn")
+    if eos not in ("turn", "last"):
+        b.caveat(f"{where}.train_on_eos", f"{eos!r}: data.masking expects every trained turn's stop token "
+                 "trained and reports the difference")
+    if entry.get("chat_template") and not str(entry["chat_template"]).startswith("tokenizer_default"):
+        b.caveat(f"{where}.chat_template", "a per-dataset template is not applied: the checks use one template")
 
 
 def _entry_files(b: Builder, where: str, entry: dict) -> list[Path]:
     data_files = entry.get("data_files")
     if data_files:
         items = data_files if isinstance(data_files, list) else [data_files]
-        return [b.local_path(str(item)) for item in items]
+        local = [b.local_path(str(item)) for item in items]
+        if all(p.exists() for p in local):
+            return local
+        b.caveat(f"{where}.data_files", "not local files (on the hub?): the checks read local files only; "
+                 "set [data] train in ftready.toml to a local copy")
+        return []
     path = entry.get("path")
     return b.local_files(where + ".path", path) if isinstance(path, str) else []
+
+
+def _finish(b: Builder) -> None:
+    """What needs several keys at once: train_on_inputs over the datasets' train_on."""
+    data = b.tables.setdefault("data", {})
+    if b.raw.get("train_on_inputs") and data.get("format"):
+        b.put("train_on_inputs", "data", "train_on", "all")
+
+
+HANDLERS = {**SHARED_HANDLERS, "attention_flag": _attention_flag,
+            "quantization": _quantization, "adapter": _adapter, "targets": _targets, "chat_template": _chat_template,
+            "special_tokens": _special_tokens, "train_on_inputs": _train_on_inputs,
+            "checkpointing": _checkpointing, "datasets": _datasets}

@@ -5,7 +5,6 @@ recipe.toml, plus the source key they came from). Reads files only; imports no t
 
 from __future__ import annotations
 
-import difflib
 import json
 import sys
 from dataclasses import dataclass
@@ -19,7 +18,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-MISSING = object()
 SIDE_TOML = "ftready.toml"
 
 
@@ -34,21 +32,31 @@ class Translation:
     not_checked: tuple[tuple[str, str], ...]  # (source key, why)
     caveats: tuple[str, ...]  # values that change what the checks mean, each with what is and is not checked
     overrides: str = ""  # the side TOML applied on top, if any
+    classes: tuple[tuple[str, str], ...] = ()  # (config key, translated | noted) for every top-level key
+    unknown: tuple[str, ...] = ()  # config keys no row of the trainer's table names
+    overridden: tuple[str, ...] = ()  # "[table] key: translated value -> side file's value"
+    trainer_version: str = ""  # the trainer version whose keys and defaults were applied
+    memory_notes: tuple[str, ...] = ()  # the caveats on memory the checks cannot model (a subset of caveats)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": self.format, "title": self.title, "source": self.source, "overrides": self.overrides,
                 "mapped": [list(pair) for pair in self.mapped],
-                "not_checked": [list(pair) for pair in self.not_checked], "caveats": list(self.caveats)}
+                "not_checked": [list(pair) for pair in self.not_checked], "caveats": list(self.caveats),
+                "classes": dict(self.classes), "unknown": list(self.unknown), "overridden": list(self.overridden),
+                "trainer_version": self.trainer_version, "memory_notes": list(self.memory_notes)}
 
     def header_lines(self) -> list[str]:
         """Terminal lines for pytest_report_header: what was translated, what was not."""
         name = Path(self.source).name
         side = Path(self.overrides).name if self.overrides else None
         own = [(src, dst) for src, dst in self.mapped if not (side and src.startswith(side + " "))]
+        own.sort(key=lambda pair: " (default " in pair[0])  # the config's own keys first, trainer defaults after
         lines = [f"ftready: {name} read as {self.title}: " + ", ".join(f"{src} -> {dst}" for src, dst in own)]
         if side:
             lines.append(f"ftready: {name} overrides from {side}: "
                          + ", ".join(dst for src, dst in self.mapped if src.startswith(side + " ")))
+            if self.overridden:
+                lines.append(f"ftready: {name} overridden by {side}: " + "; ".join(self.overridden))
         if self.not_checked:
             lines.append(f"ftready: {name} not checked ({len(self.not_checked)}): "
                          + ", ".join(f"{key} ({why})" for key, why in self.not_checked))
@@ -68,8 +76,9 @@ class Translation:
 
 
 class Builder:
-    """Fills recipe tables from one config; every top-level source key ends up mapped,
-    named in a caveat, or listed as not checked: none is dropped silently."""
+    """Fills recipe tables from one config (``table.apply`` walks it): every top-level source key
+    ends up translated, noted (a caveat, or listed as not checked) or refused: none is dropped
+    silently."""
 
     def __init__(self, path: Path, raw: dict, fmt: str, title: str) -> None:
         self.path = path
@@ -80,28 +89,23 @@ class Builder:
         self.mapped: list[tuple[str, str]] = []
         self.caveats: list[str] = []
         self.unchecked: dict[str, str] = {}
-        self.seen: set[str] = set()
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """The source value (``default`` when absent); marks the key as looked at."""
-        self.seen.add(key)
-        value = self.raw.get(key, MISSING)
-        return default if value is MISSING or value is None else value
-
-    def has(self, key: str) -> bool:
-        return self.raw.get(key) is not None
+        self.classes: dict[str, str] = {}  # top-level config key -> class (table.apply fills it)
+        self.unknown: list[str] = []
+        self.memory_notes: list[str] = []
+        self.version = ""
 
     def put(self, source: str, table: str, key: str, value: Any) -> None:
-        self.seen.add(source.split("[")[0].split(".")[0])
         self.tables.setdefault(table, {})[key] = value
         self.mapped.append((source, f"[{table}] {key}"))
 
-    def caveat(self, source: str, text: str) -> None:
-        self.seen.add(source.split("[")[0].split(".")[0])
+    def caveat(self, source: str, text: str, memory: bool = False) -> None:
+        """A value that changes what the checks mean; ``memory``: a lever the memory checks cannot
+        model, with the bound of their error (shown by model.step_memory and model.memory_forecast)."""
         self.caveats.append(f"{source}: {text}")
+        if memory:
+            self.memory_notes.append(f"{source}: {text}")
 
     def not_checked(self, source: str, why: str) -> None:
-        self.seen.add(source.split("[")[0].split(".")[0])
         self.unchecked[source] = why
 
     def fail(self, source: str, message: str) -> RecipeError:
@@ -134,25 +138,20 @@ class Builder:
             if revision:
                 self.tables["model"]["revision"] = revision
 
-    def translation(self, overrides: str) -> Translation:
-        known = sorted(k for k in self.seen if k not in self.raw)  # keys read but absent: a typo's target
-        for key in self.raw:
-            if key not in self.seen:
-                close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
-                self.unchecked[key] = (f"not a key this translator reads; did you mean {close[0]}?" if close
-                                       else "not translated: no check reads it")
+    def translation(self, overrides: str, overridden: tuple[str, ...] = ()) -> Translation:
         return Translation(self.format, self.title, str(self.path), tuple(self.mapped),
-                           tuple(sorted(self.unchecked.items())), tuple(self.caveats), overrides)
+                           tuple(sorted(self.unchecked.items())), tuple(self.caveats), overrides,
+                           tuple(self.classes.items()), tuple(self.unknown), tuple(overridden), self.version,
+                           tuple(self.memory_notes))
 
     def finish(self) -> Recipe:
         """Apply the side TOML, validate through the recipe schema, attach the translation."""
         side = side_toml(self.path)
+        overridden: list[str] = []
         if side is not None:
             for table, values in read_side_toml(side).items():
                 if isinstance(values, dict) and table in SCHEMA:
-                    for key, value in values.items():
-                        self.tables.setdefault(table, {})[key] = value
-                        self.mapped.append((f"{side.name} [{table}] {key}", f"[{table}] {key}"))
+                    overridden += self._override(side, table, values)
                 else:
                     self.tables[table] = values
                     self.mapped.append((f"{side.name} {table}", table))
@@ -163,14 +162,36 @@ class Builder:
                               + (f" ({notes})" if notes else "") + f"; the checks read local rows: write [data] "
                               f"train = [\"path/to/train.jsonl\"] in {self.path.stem}.{SIDE_TOML} or {SIDE_TOML} "
                               "beside it")
-        origin = self.translation(str(side) if side else "")
+        origin = self.translation(str(side) if side else "", tuple(overridden))
         try:
             return validate_recipe(self.tables, self.path, origin=origin)
         except RecipeError as exc:
+            message = exc.message
+            if exc.where == "[model] revision":  # a hub id: a local copy is the other way out
+                message += f"; or check a local copy: [model] path = \"path/to/model\" in {SIDE_TOML} replaces the hub id"
             source = next((src for src, dst in reversed(self.mapped) if exc.where.startswith(dst)), None)
             if source is None or source == exc.where:
-                raise
-            raise RecipeError(self.path, f"{exc.where} (from {source})", exc.message) from None
+                raise RecipeError(self.path, exc.where, message) from None
+            raise RecipeError(self.path, f"{exc.where} (from {source})", message) from None
+
+    def _override(self, side: Path, table: str, values: dict) -> list[str]:
+        """The side file's keys of ``table`` win over the translation; each one that replaced a
+        translated value is named. ``[model] path`` (or ``id``) replaces the other one: a config
+        that names a hub id can be pointed at a local copy of the model."""
+        current = self.tables.setdefault(table, {})
+        overridden = []
+        if table == "model":
+            for mine, other in (("path", "id"), ("id", "path")):
+                if mine in values and current.get(other):
+                    overridden.append(f"[model] {other} {current.pop(other)!r} replaced by [model] {mine}")
+                    if other == "id":
+                        current.pop("revision", None)
+        for key, value in values.items():
+            if key in current and current[key] != value:
+                overridden.append(f"[{table}] {key} {current[key]!r} -> {value!r}")
+            current[key] = value
+            self.mapped.append((f"{side.name} [{table}] {key}", f"[{table}] {key}"))
+        return overridden
 
 
 def _name(stem: str) -> str:

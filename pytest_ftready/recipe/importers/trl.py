@@ -1,112 +1,168 @@
 """TRL: the YAML that ``trl sft --config`` reads (``ScriptArguments``, ``SFTConfig``,
-``ModelConfig`` and ``DatasetMixtureConfig`` fields in one mapping). Absent keys take TRL's
-own defaults (TRL 1.16), not the recipe's: a run without ``use_peft`` is a full fine-tune,
-without ``assistant_only_loss`` it trains on every token of a chat."""
+``ModelConfig`` and ``DatasetMixtureConfig`` fields in one mapping), and the recipes built on
+TRL (alignment-handbook). With TRL installed, TRL's own parser (``TrlParser`` over those
+dataclasses) gives the defaults and the keys it knows, so they are TRL's; without TRL the
+rows of ``keys/trl.toml`` do. Either way the rows say what each key becomes: a run without
+``use_peft`` is a full fine-tune, without ``assistant_only_loss`` it trains every token."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import warnings
 from pathlib import Path
+from typing import Any, Optional
 
 from .base import Builder, first_row, row_format
-from .common import (map_optimizer, map_scheduler, note_meanings, packing_meaning, put_if, put_many)
+from .common import (SHARED_HANDLERS, accelerate_settings, chat_template_value, lora_targets, peft_default_targets,
+                     read_accelerate)
+from .table import Row, apply, load_table
 
 TITLE = "TRL (trl sft --config)"
-# The SFTConfig / TrainingArguments defaults that differ from the recipe's (TRL 1.16).
-DEFAULTS = {"max_length": 1024, "learning_rate": 2e-5, "per_device_train_batch_size": 8,
-            "gradient_accumulation_steps": 1, "num_train_epochs": 3.0, "gradient_checkpointing": True,
-            "seed": 42, "save_steps": 500, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05,
-            "output_dir": "trainer_output", "dtype": "float32"}
-# Keys recognised as TRL's that change what a check means: named with what is still checked.
-MEANING = {
-    "packing": packing_meaning("TRL"),
-    "deepspeed": "memory checks measure one device without DeepSpeed sharding or offload: their peak is the "
-                 "unsharded upper bound; stack, data and masking checks are unaffected",
-    "fsdp": "memory checks measure one device without FSDP sharding: their peak is the unsharded upper bound",
-    "max_steps": "TRL stops after max_steps; headroom.time and headroom.disk budget the epochs instead",
-    "use_liger_kernel": "Liger kernels change memory and speed: model.step_memory measures plain transformers",
-    "padding_free": "padding-free batches are flattened by TRL's collator: data.masking verifies each example's "
-                    "labels, the memory checks measure padded batches",
-    "packing_strategy": "the checks pack with their own greedy packer; TRL's strategy decides which rows share "
-                        "a sequence, not the labels data.masking verifies",
-    "truncation_mode": "keep_end cuts the start of long rows: data.masking reports truncation assuming keep_start",
-    "eos_token": "TRL replaces the tokenizer's EOS with it: read as an extra stop token ([data] stop_tokens)",
-    "use_dora": "DoRA adds memory and compute: model.step_memory measures plain LoRA",
-    "use_rslora": "rank-stabilised LoRA scales updates differently: model.overfit trains plain LoRA",
-    "lora_target_parameters": "LoRA on parameters (MoE experts) is not built by the checks",
-    "lora_modules_to_save": "fully trained extra modules are not built by the checks: memory is under-counted",
-    "completion_only_loss": "",
-    "dataset_text_field": "",
-    "model_init_kwargs": "extra from_pretrained arguments are not applied by the checks",
-    "dataset_kwargs": "skip_prepare_dataset and other dataset_kwargs are not applied by the checks",
-    "warmup_ratio": "warm-up as a ratio is not translated: model.overfit uses warmup_steps",
-}
+DATASET_ENTRY_KEYS = ("path", "data_files", "split", "name", "data_dir")
+
+
+def ask_trl(raw: dict) -> Optional[tuple[dict, frozenset, str]]:
+    """TRL's own reading of ``raw``: (every field's value, config over TRL's default; the keys
+    TRL's parser knows; TRL's version), or None without TRL."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import trl
+            from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, SFTConfig, TrlParser
+    except ImportError:
+        return None
+    parser = TrlParser((ScriptArguments, SFTConfig, ModelConfig, DatasetMixtureConfig))
+    known = frozenset(action.dest for action in parser._actions)
+    parser.set_defaults_with_config(**{k: v for k, v in raw.items() if k in known})
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            namespace, _ = parser.parse_known_args([])
+    except SystemExit:  # argparse refused a value (a choice, a type)
+        raise ValueError(errors.getvalue().strip().splitlines()[-1] if errors.getvalue().strip() else "refused")
+    values = {k: v for k, v in vars(namespace).items() if v is not None}
+    return values, known, trl.__version__
 
 
 def translate(b: Builder) -> None:
-    b.model("model_name_or_path", b.get("model_name_or_path"), b.get("model_revision", "main"))
-    if b.has("model_revision"):
-        b.mapped.append(("model_revision", "[model] revision"))
-    dtype = b.get("dtype", DEFAULTS["dtype"])  # TRL loads the weights in `dtype`; bf16/fp16 only autocast
-    if dtype in ("float32", "float16", "bfloat16"):
-        b.put("dtype", "model", "dtype", dtype)
-    else:
-        b.caveat("dtype", f"{dtype!r} loads the checkpoint's own dtype; the checks load bfloat16")
-        b.tables.setdefault("model", {})["dtype"] = "bfloat16"
-    for flag in ("bf16", "fp16"):
-        if b.get(flag):
-            b.caveat(flag, f"{flag} autocast over {dtype} weights: the checks run the step in {dtype} without "
-                     "autocast, so activation memory is over-counted")
-    put_if(b, "attn_implementation", "model", "attn_implementation")
-    put_if(b, "trust_remote_code", "model", "trust_remote_code")
-    if b.get("load_in_4bit", False):
-        b.put("load_in_4bit", "model", "quantization", "4bit")
-    elif b.get("load_in_8bit", False):
-        b.put("load_in_8bit", "model", "quantization", "8bit")
-    for key in ("bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage"):
-        if b.has(key):
-            b.caveat(key, "the checks quantize with nf4 and double quantization whatever this says")
-
-    peft = bool(b.get("use_peft", False))
-    b.put("use_peft", "adapter", "method", "lora" if peft else "none")
-    if peft:
-        put_many(b, "adapter", [("lora_r", "r"), ("lora_alpha", "alpha"), ("lora_dropout", "dropout")], DEFAULTS)
-        targets = b.get("lora_target_modules")
-        if isinstance(targets, str):
-            targets = [targets]
-        if targets:
-            b.put("lora_target_modules", "adapter", "target_modules", list(targets))
-        else:
-            b.caveat("lora_target_modules", "unset: PEFT picks the architecture's defaults; the checks use "
-                     "[adapter] target_modules = [\"q_proj\", \"v_proj\"] (PEFT's Llama default)")
-
+    table = load_table("trl")
+    b.version = table.version
+    try:
+        asked = ask_trl(b.raw)
+    except ValueError as exc:
+        raise b.fail("", f"TRL's parser refuses this config: {exc}") from None
+    defaults = None
+    if asked is not None:
+        defaults, known, version = asked
+        b.version = version
+        b.title = f"{TITLE}, TRL {version}'s parser"
+    apply(b, table, HANDLERS, defaults=defaults)
+    if asked is not None:  # a key TRL knows but no row names: TRL's, and no check reads it
+        for key in [k for k in b.unknown if k in known]:
+            b.unknown.remove(key)
+            b.unchecked[key] = f"a TRL {version} key no check reads"
     _data(b)
+    _precision_note(b)
 
-    put_many(b, "training", [("per_device_train_batch_size", "micro_batch_size"),
-                             ("gradient_accumulation_steps", "gradient_accumulation_steps"),
-                             ("learning_rate", "learning_rate"), ("num_train_epochs", "epochs"),
-                             ("gradient_checkpointing", "gradient_checkpointing"), ("seed", "seed"),
-                             ("output_dir", "output_dir"), ("save_steps", "save_steps"),
-                             ("save_total_limit", "save_total_limit"), ("warmup_steps", "warmup_steps"),
-                             ("weight_decay", "weight_decay"), ("torch_compile", "compile"), ("tf32", "tf32")],
-             DEFAULTS)
-    if not b.has("save_total_limit"):
-        b.caveat("save_total_limit", "unset: TRL keeps every checkpoint; headroom.disk counts the recipe's "
-                 "default of 3 (set [training] save_total_limit in ftready.toml to budget more)")
-    map_optimizer(b, "optim" if b.has("optim") else "optim (default adamw_torch_fused)",
-                  b.get("optim", "adamw_torch_fused"))
-    map_scheduler(b, "lr_scheduler_type" if b.has("lr_scheduler_type") else "lr_scheduler_type (default linear)",
-                  b.get("lr_scheduler_type", "linear"))
-    if b.get("use_cpu", False):
-        b.put("use_cpu", "hardware", "device", "cpu")
-    note_meanings(b, MEANING)
-    if b.has("eos_token"):
-        b.put("eos_token", "data", "stop_tokens", [b.get("eos_token")])
+
+def _dtype(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
+    if value in ("float32", "float16", "bfloat16"):
+        b.put(name, "model", "dtype", value)
+        return
+    saved = _checkpoint_dtype(b)
+    b.put(name, "model", "dtype", saved or "bfloat16")
+    b.caveat(name.split(" ")[0], f"{value!r} loads the checkpoint's own dtype"
+             + (f" ({saved}, from its config.json)" if saved else ": not readable here, the checks load bfloat16"))
+
+
+def _checkpoint_dtype(b: Builder) -> Optional[str]:
+    import json
+
+    folder = b.tables.get("model", {}).get("path") or b.raw.get("model_name_or_path") or ""
+    try:
+        config = json.loads((b.local_path(str(folder)) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    dtype = config.get("dtype") or config.get("torch_dtype")
+    return dtype if dtype in ("float32", "float16", "bfloat16") else None
+
+
+def _quantization(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
+    if value and b.raw.get("use_peft"):
+        b.put(name, "model", "quantization", "4bit" if name.startswith("load_in_4bit") else "8bit")
+    elif value:
+        b.caveat(name, "a quantized base without use_peft cannot be fully fine-tuned (TRL fails): set use_peft: true")
+    else:
+        b.mapped.append((name, "(off)"))
+
+
+def _adapter(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
+    b.put(name, "adapter", "method", "lora" if value else "none")
+    if value and not b.raw.get("lora_target_modules"):
+        peft_default_targets(b, "lora_target_modules")
+
+
+def _targets(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
+    lora_targets(b, name, value, ("all-linear",))
+
+
+def _recorded(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
+    """Keys read together after the walk (data layout and loss flags): _data resolves them."""
+
+
+def _chat_template(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
+    text = str(value)
+    local = b.local_path(text) if "\n" not in text and "{" not in text else None
+    if local is not None and local.is_dir():
+        found = [p for p in (local / "chat_template.jinja",) if p.is_file()]
+        if found:
+            b.put(f"{name} (its chat_template.jinja)", "data", "chat_template", str(found[0]))
+        else:
+            b.caveat(name, f"{text!r} is a tokenizer folder without chat_template.jinja: the checks use the "
+                     "model's own template; point [data] chat_template in ftready.toml at the .jinja file")
+        return
+    chat_template_value(b, name, value)
+
+
+def _accelerate(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
+    config = read_accelerate(b, str(value), bundled=_bundled_accelerate(str(value)))
+    accelerate_settings(b, name, value, config)
+
+
+def _bundled_accelerate(name: str) -> Optional[str]:
+    """The text of TRL's bundled accelerate config ``name`` (zero2, fsdp2, ...), when TRL is installed."""
+    try:
+        from importlib import resources
+
+        candidate = resources.files("trl.accelerate_configs").joinpath(f"{name}.yaml")
+        return candidate.read_text(encoding="utf-8") if candidate.is_file() else None
+    except (ImportError, OSError):
+        return None
+
+
+def _mixed_precision(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
+    b.mapped.append((name, "(autocast: see the note on [model] dtype)"))
+
+
+def _precision_note(b: Builder) -> None:
+    """bf16/fp16 autocast over the weights' dtype (TRL: bf16 unset means on unless fp16)."""
+    fp16 = bool(b.raw.get("fp16"))
+    bf16 = b.raw.get("bf16")
+    bf16 = (not fp16) if bf16 is None else bool(bf16)
+    dtype = b.tables.get("model", {}).get("dtype")
+    if (bf16 or fp16) and dtype == "float32":
+        flag = "fp16" if fp16 else "bf16" + (" (TRL's default: on)" if b.raw.get("bf16") is None else "")
+        b.caveat("bf16" if not fp16 else "fp16", memory=True, text=f"{flag} autocast over float32 weights: the checks run the step in "
+                 "float32 without autocast, so activation memory is over-counted (up to 2x); set dtype: bfloat16 "
+                 "to load the weights in bf16 as most recipes do")
 
 
 def _data(b: Builder) -> None:
     files: list[Path] = []
     sources: list[str] = []
-    mixture = b.get("datasets") or []
+    mixture = b.raw.get("datasets") or []
     for i, entry in enumerate(mixture if isinstance(mixture, list) else []):
         where = f"datasets[{i}]"
         if not isinstance(entry, dict):
@@ -117,25 +173,25 @@ def _data(b: Builder) -> None:
         if entry.get("split", "train") != "train":
             b.caveat(f"{where}.split", "the checks read every row of the files, whatever the split")
         for key in entry:
-            if key not in ("path", "data_files", "split", "name", "data_dir"):
+            if key not in DATASET_ENTRY_KEYS:
                 b.not_checked(f"{where}.{key}", "dataset option the checks do not apply (they read every row)")
-    name = b.get("dataset_name")
+    name = b.raw.get("dataset_name")
     if name and not mixture:
         found = b.local_files("dataset_name", name)
         files += found
         sources += ["dataset_name"] * bool(found)
     elif name:
         b.caveat("dataset_name", "TRL ignores dataset_name when datasets is given")
-    if b.has("dataset_config"):
-        b.not_checked("dataset_config", "hub dataset configuration")
-    for key in ("dataset_train_split", "dataset_test_split", "dataset_streaming"):
-        b.get(key)
+    for key in ("dataset_mixture", "dataset_mixer"):  # alignment-handbook: hub datasets with weights
+        if b.raw.get(key):
+            b.caveat(key, "hub datasets (a mixture): the checks read local files only; set [data] train in "
+                     "ftready.toml to a local copy of the rows")
     if files:
         b.put(" + ".join(dict.fromkeys(sources)), "data", "train", [str(f) for f in files])
-    text_field = b.get("dataset_text_field", "text")
+    text_field = b.raw.get("dataset_text_field") or "text"
     fmt = row_format(first_row(files), text_field)
-    assistant_only = bool(b.get("assistant_only_loss", False))
-    completion_only = b.get("completion_only_loss")
+    assistant_only = bool(b.raw.get("assistant_only_loss", False))
+    completion_only = b.raw.get("completion_only_loss")
     if fmt is None and not files:
         fmt = "messages"
         b.caveat("datasets", "no local rows to read the format from: assumed chat messages (set [data] format "
@@ -153,19 +209,12 @@ def _data(b: Builder) -> None:
         if text_field != "text":
             b.caveat("dataset_text_field", f"rows are read from their {text_field!r} field by TRL; "
                      "the checks read 'text'")
+    if fmt != "text" and text_field != "text":
+        b.not_checked("dataset_text_field", f"read by TRL for plain-text rows only; these rows are {fmt}")
     if fmt:
-        b.tables["data"]["format"] = fmt
+        b.tables.setdefault("data", {})["format"] = fmt
     b.tables.setdefault("data", {})["pipeline"] = "trl"  # the examples are TRL's own (engine/trl_pipeline.py)
     b.mapped.append(("(trl sft)", "[data] pipeline"))
-    put_many(b, "data", [("max_length", "max_length")], DEFAULTS)
-    b.put("packing", "data", "packing", bool(b.get("packing", False)))
-    template = b.get("chat_template_path")
-    if template:
-        if Path(str(template)).suffix in (".jinja", ".j2"):
-            b.put("chat_template_path", "data", "chat_template", template)
-        else:
-            b.caveat("chat_template_path", "a tokenizer folder's template: the checks use the model's template; "
-                     "point [data] chat_template in ftready.toml at the .jinja file")
 
 
 def _entry_files(b: Builder, where: str, entry: dict) -> list[Path]:
@@ -175,5 +224,15 @@ def _entry_files(b: Builder, where: str, entry: dict) -> list[Path]:
             [v for vs in data_files.values() for v in (vs if isinstance(vs, list) else [vs])]
             if isinstance(data_files, dict) else [data_files])
         base = b.local_path(entry.get("data_dir") or ".")
-        return [(base / str(item)).resolve() for item in items]
+        local = [(base / str(item)).resolve() for item in items]
+        if all(p.is_file() for p in local):
+            return local
+        b.caveat(f"{where}.data_files", "not local files (on the hub?): the checks read local files only; "
+                 "set [data] train in ftready.toml to a local copy")
+        return []
     return b.local_files(where + ".path", path) if isinstance(path, str) else []
+
+
+HANDLERS = {**SHARED_HANDLERS, "dtype": _dtype, "quantization": _quantization, "adapter": _adapter,
+            "targets": _targets, "datasets": _recorded, "data_flag": _recorded, "chat_template": _chat_template,
+            "accelerate": _accelerate, "mixed_precision": _mixed_precision}

@@ -1,0 +1,193 @@
+"""A trainer's keys as data: ``keys/<trainer>.toml`` holds one row per key (or group of keys)
+with the trainer's default, its aliases and deprecated names, what it does, its class and,
+for a translated key, the recipe key it becomes, each row with its source. ``apply`` walks a
+config through its table so that every key ends in exactly one class:
+
+- ``translated``: written into the recipe with the trainer's meaning; an absent key takes the
+  trainer's default (never the recipe's);
+- ``noted``: the checks will not reflect it (the note says why it matters; a row with
+  ``effect = "none"`` only logs, reports or publishes);
+- ``refused``: the config is not text SFT (or not what the checks can judge): one line naming
+  the key, unless its value is one the row allows.
+
+A key no row names is noted as unknown (with a "did you mean" when one is close). Reads files
+only; imports no trainer."""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from .base import Builder
+from .common import NUMBER
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+KEYS_DIR = Path(__file__).with_name("keys")
+CLASSES = ("translated", "noted", "refused")
+NOT_SET = object()  # a row without a default: the trainer's own is "unset"
+MISSING = object()  # a value that leaves the recipe as it is
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of a trainer's key table."""
+
+    names: tuple[str, ...]  # the trainer's key name(s) this row describes
+    cls: str  # translated | noted | refused
+    does: str  # what the key does in the trainer
+    source: str  # where the trainer defines it
+    aliases: tuple[str, ...] = ()  # other or deprecated names the trainer accepts for names[0]
+    prefix: bool = False  # names are prefixes (wandb_ covers wandb_project, ...)
+    default: Any = NOT_SET  # the trainer's default, applied when the config is silent
+    recipe: str = ""  # "table.key" a translated row writes
+    values: dict = field(default_factory=dict)  # trainer value (as text) -> recipe value; "" = leave as is
+    how: str = ""  # the importer's handler for a translation a value map cannot say
+    note: str = ""  # translated: what the checks still do not reflect when set; noted: why it matters
+    effect: str = ""  # "none": logging/reporting only (listed as not checked); "memory": a memory lever
+    allow: tuple = ()  # refused: values that are text SFT after all (e.g. stage: sft)
+    versions: str = ""  # trainer versions the row holds for, where it differs
+
+    def matches(self, key: str) -> bool:
+        if self.prefix:
+            return any(key.startswith(name) for name in self.names)
+        return key in self.names or key in self.aliases
+
+
+@dataclass(frozen=True)
+class KeyTable:
+    trainer: str
+    version: str
+    source: str
+    rows: tuple[Row, ...]
+
+    def row(self, key: str) -> Optional[Row]:
+        exact = [r for r in self.rows if not r.prefix and r.matches(key)]
+        return exact[0] if exact else next((r for r in self.rows if r.prefix and r.matches(key)), None)
+
+    def names(self) -> list[str]:
+        return [name for r in self.rows if not r.prefix for name in (*r.names, *r.aliases)]
+
+
+@lru_cache(maxsize=None)
+def load_table(trainer: str) -> KeyTable:
+    """The key table of ``trainer`` (axolotl | llamafactory | trl), validated."""
+    path = KEYS_DIR / f"{trainer}.toml"
+    raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    rows = []
+    for i, item in enumerate(raw["key"]):
+        names = item.pop("names", None) or [item.pop("name")]
+        item.pop("name", None)
+        row = Row(names=tuple(names), cls=item.pop("class"), aliases=tuple(item.pop("aliases", ())),
+                  allow=tuple(item.pop("allow", ())), **item)
+        if row.cls not in CLASSES or not row.source or not row.does:
+            raise ValueError(f"{path} key[{i}] {names}: class must be one of {CLASSES}, with does and source")
+        if row.cls == "translated" and not (row.recipe or row.how):
+            raise ValueError(f"{path} key[{i}] {names}: a translated row names its recipe key or handler")
+        rows.append(row)
+    meta = raw["trainer"]
+    rows = [row if row.source.startswith("http") else replace(row, source=meta["source"] + row.source) for row in rows]
+    if meta.get("include"):  # a shared table (transformers' TrainingArguments); own rows win by name
+        own = {name for row in rows for name in row.names}
+        rows += [row for row in load_table(meta["include"]).rows if not own & set(row.names)]
+    return KeyTable(meta["name"], meta["version"], meta["source"], tuple(rows))
+
+
+Handler = Callable[[Builder, Row, str, Any, bool], None]
+
+
+def apply(b: Builder, table: KeyTable, handlers: dict[str, Handler], raw: Optional[dict] = None,
+          defaults: Optional[dict] = None) -> None:
+    """Walk ``raw`` (the config; default ``b.raw``) through ``table``: trainer defaults for the
+    translated rows the config is silent about first, then every key in the config's order.
+    ``defaults`` (name -> value) replaces the table's defaults where the trainer itself was
+    asked (TRL's dataclasses)."""
+    raw = b.raw if raw is None else raw
+    defaults = defaults or {}
+    for row in table.rows:
+        if row.cls != "translated" or row.prefix or any(n in raw for n in (row.names[0], *row.aliases)):
+            continue
+        default = defaults.get(row.names[0], row.default)
+        if default is not NOT_SET:
+            _translate(b, row, f"{row.names[0]} (default {default})", default, handlers, True)
+    for key, value in raw.items():
+        row = table.row(key)
+        if row is None:
+            _unknown(b, table, key)
+            continue
+        b.classes[key] = row.cls
+        if row.cls == "refused":
+            if _refuses(row, value):
+                raise b.fail(key, f"{value!r}: {row.does}; the checks judge text supervised fine-tuning, "
+                             f"so this config is refused ({table.trainer} {table.version}; see {row.source})")
+            b.classes[key] = "translated"  # a value the row allows: text SFT after all
+            b.mapped.append((key, "(text SFT)"))
+        elif row.cls == "noted":
+            if row.effect == "none":
+                b.not_checked(key, row.does)
+            elif value is not None and value is not False and value != row.default:
+                b.caveat(key, row.note or row.does, memory=row.effect == "memory")
+            else:
+                b.not_checked(key, f"{row.does} (off here)")
+        else:
+            if value is None:  # written but empty: the trainer's default (a sibling key of the row has none)
+                default = defaults.get(row.names[0], row.default) if key in (row.names[0], *row.aliases) else NOT_SET
+                if default is NOT_SET:
+                    b.not_checked(key, f"{row.does} (unset)")
+                    continue
+                value = default
+            name = key if key in row.names else f"{key} (alias of {row.names[0]})"
+            if key in row.aliases and row.versions:
+                b.caveat(key, row.versions)
+            _translate(b, row, name, value, handlers, False)
+
+
+def _refuses(row: Row, value: Any) -> bool:
+    if value is None or value is False or value == "" or value == []:
+        return False
+    return not row.allow or str(value).lower() not in {str(a).lower() for a in row.allow}
+
+
+def _unknown(b: Builder, table: KeyTable, key: str) -> None:
+    close = difflib.get_close_matches(key, table.names(), n=1, cutoff=0.8)
+    b.classes[key] = "noted"
+    b.unknown.append(key)
+    b.not_checked(key, f"not a key of {table.trainer} {table.version} as the plugin knows it"
+                  + (f"; did you mean {close[0]}?" if close else ": no check reads it"))
+
+
+def _translate(b: Builder, row: Row, name: str, value: Any, handlers: dict[str, Handler], default: bool) -> None:
+    if row.how:
+        handlers[row.how](b, row, name, value, default)
+    else:
+        try:
+            converted = convert(row, value)
+        except KeyError:
+            b.caveat(name.split(" ")[0], f"{value!r} is not a value the plugin translates ({row.does}; known: "
+                     f"{', '.join(sorted(row.values))}): [{row.recipe.replace('.', '] ')} keeps the trainer's default")
+            return
+        if converted is not MISSING:
+            table, _, key = row.recipe.partition(".")
+            b.put(name, table, key, converted)
+    if row.note and not default and value not in (None, False):
+        b.caveat(name.split(" ")[0], row.note, memory=row.effect == "memory")
+
+
+def convert(row: Row, value: Any) -> Any:
+    """The recipe value of ``value`` by the row's value map (MISSING: leave the recipe as is)."""
+    if row.values:
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        if text not in row.values:
+            raise KeyError(text)
+        mapped = row.values[text]
+        return MISSING if mapped == "" else mapped
+    if isinstance(value, str) and NUMBER.match(value):  # YAML reads 1e-4 as text; the trainers convert it
+        return float(value) if any(c in value for c in ".eE") else int(value)
+    return value
