@@ -238,9 +238,9 @@ def pytest_sessionfinish(session) -> None:
     gate = run.gate
     for state, record in zip(run.recipes.values(), records):
         try:
-            gate.write_json(state.artifacts / "measurements.json", measurements.measurements_payload(record.measurements))
-            if state.series:
-                gate.write_json(state.artifacts / "series.json", state.series)
+            if record.ran() or record.measurements:  # --collect-only leaves the last run's figures alone
+                measurements.write_figures(state.artifacts, record.partial, record.measurements, state.series,
+                                           gate.write_json)
             if record.ran():  # --collect-only, or a session stopped before any check: no report to replace
                 reports[record.name] = report.write_report(state.artifacts, record, write=gate.write)
         except Fail as exc:

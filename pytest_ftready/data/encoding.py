@@ -53,6 +53,11 @@ class Encoded:
     def length(self) -> int:
         return len(self.input_ids)
 
+    @property
+    def trainable(self) -> bool:
+        """Some token carries loss and no problem blocks the row: what training uses."""
+        return self.trained > 0 and not any(kind in BLOCKING for kind, _ in self.problems)
+
 
 def stop_token_ids(tokenizer, generation_eos: Iterable[int] = (), extra: Iterable[str] = ()) -> frozenset[int]:
     """EOS, the generation config's eos ids, and the recipe's extra stop tokens."""
