@@ -26,6 +26,7 @@ MARKERS = {
     "ftready_recipes(*names_or_paths)": "run the test only for these recipes (name, file name or path; default: all)",
 }
 MISSING_KEY = pytest.StashKey[list]()
+NIGHTLY_KEY = pytest.StashKey[list]()  # the ids of the nightly checks this run deselected
 
 
 def pytest_addhooks(pluginmanager) -> None:
@@ -167,6 +168,16 @@ def pytest_collection_modifyitems(config, items) -> None:
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+        config.stash[NIGHTLY_KEY] = sorted({item.spec.id for item in drop})
+
+
+def pytest_report_collectionfinish(config, items) -> list[str]:
+    """Say which checks the default run left out, and why: "N deselected" alone reads like -k."""
+    dropped = config.stash.get(NIGHTLY_KEY, [])
+    if not dropped:
+        return []
+    return [f"ftready: nightly checks deselected ({', '.join(dropped)}): long-running; "
+            "run them with -m nightly or --ftready-nightly"]
 
 
 def pytest_runtest_setup(item) -> None:
