@@ -117,7 +117,7 @@ def starter_recipe(recipe_path: Path, model: str, data: Sequence[Path], revision
     marked: dict[tuple[str, str], str] = {}
     folder = Path(model)
     if folder.is_dir():
-        values["model", "path"] = (os.path.relpath(folder.resolve(), base.resolve()), "the model folder given")
+        values["model", "path"] = (_relative(folder, base), "the model folder given")
         facts = model_facts(folder)
     else:
         values["model", "id"] = (model, "the hub id given")
@@ -133,7 +133,7 @@ def starter_recipe(recipe_path: Path, model: str, data: Sequence[Path], revision
         values["model", "license"] = (license, "--license")
     if ("model", "license") not in values:
         marked["model", "license"] = "the model's license, after reading its terms (privacy.license)"
-    values["data", "train"] = ([os.path.relpath(Path(p).resolve(), base.resolve()) for p in data], "the data files given")
+    values["data", "train"] = ([_relative(Path(p), base) for p in data], "the data files given")
     for key, fact in data_facts([Path(p) for p in data]).items():
         values["data", key] = fact
     if rights:
@@ -152,6 +152,11 @@ def starter_recipe(recipe_path: Path, model: str, data: Sequence[Path], revision
         values[where] = (value, "--set")
         marked.pop(where, None)
     return _render(recipe_path.stem, values, marked)
+
+
+def _relative(path: Path, base: Path) -> str:
+    """``path`` relative to the recipe's folder, as given (a link stays a link)."""
+    return Path(os.path.relpath(os.path.abspath(path), os.path.abspath(base))).as_posix()
 
 
 def _render(name: str, values: dict, marked: dict) -> str:
