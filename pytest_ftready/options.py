@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from dataclasses import dataclass
@@ -24,6 +25,10 @@ HELP_WORKERS = ("processes that read and encode the training data (default: from
 ENV_RECIPE = "FTREADY_RECIPE"
 ENV_ARTIFACTS = "FTREADY_ARTIFACTS"
 ENV_BASELINE = "FTREADY_BASELINE"
+
+
+class OptionValueError(argparse.ArgumentTypeError, ValueError):
+    """A bad option value; argparse shows its message after the option's name."""
 
 
 @dataclass(frozen=True)
@@ -55,9 +60,9 @@ def parse_seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"expected a number of seconds, got {text!r}") from None
+        raise OptionValueError(f"expected a number of seconds, got {text!r}") from None
     if value <= 0:
-        raise ValueError(f"expected a positive number of seconds, got {text!r}")
+        raise OptionValueError(f"expected a positive number of seconds, got {text!r}")
     return value
 
 
@@ -65,9 +70,9 @@ def parse_count(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(f"expected a whole number of processes, got {text!r}") from None
+        raise OptionValueError(f"expected a whole number of processes, got {text!r}") from None
     if value < 1:
-        raise ValueError(f"expected at least 1 process, got {text!r}")
+        raise OptionValueError(f"expected at least 1 process, got {text!r}")
     return value
 
 

@@ -63,7 +63,7 @@ def test_uses_ftready_dataset(ftready_dataset, ftready_recipe, ftready_measure):
         assert example["attention_mask"] == [1] * len(ids) and len(labels) == len(ids)
         assert all(label == -100 or label == token for token, label in zip(ids, labels))
         assert any(label != -100 for label in labels)
-        assert example["where"].startswith(str(ftready_recipe.data.train[0]) + ":")
+        assert example["where"].startswith(ftready_recipe.data.train[0].name + ":")
         rows += 1
     ftready_measure("dataset_rows", rows, "rows")
 

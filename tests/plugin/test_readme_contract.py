@@ -153,7 +153,7 @@ def test_the_readme_example_runs_as_written(tiny_full_run):
                     for b in (1, 2, 4) for c in (False, True)}
     state, reason = found["test_bf16_step"]
     assert state == "skipped" and "GPU" in reason
-    state, reason = found["test_only_for_the_support_bot"]
+    state, reason = found["test_only_for_the_support_bot[no-recipe]"]
     assert state == "skipped" and "support-bot-lora" in reason
 
 
