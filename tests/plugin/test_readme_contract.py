@@ -115,14 +115,23 @@ def test_every_contract_test_exists():
     assert not missing
 
 
-def test_the_commands_are_the_packages_scripts_and_the_options_its_options(pytester):
+def test_the_package_has_exactly_the_documented_commands_options_fixtures_and_markers(pytester):
+    """The other direction: nothing public goes undocumented."""
+    import re
     import tomllib
 
-    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert set(scripts) == readme.documented()["command"]
-    result = pytester.runpytest_subprocess("--help")
-    for option in readme.documented()["option"]:
-        result.stdout.fnmatch_lines([f"*{option}*"])
+    from pytest_ftready.checks.registry import AREAS
+    from pytest_ftready.plugin import MARKERS
+
+    documented = readme.documented()
+    assert set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]) == documented["command"]
+    helped = pytester.runpytest_subprocess("--help").stdout.str()
+    assert set(re.findall(r"(--ftready[\w-]*)", helped)) == documented["option"]
+    assert set(re.findall(r"^  (ftready\w*) \(", helped, re.M)) == documented["ini"]
+    listed = pytester.runpytest_subprocess("--fixtures").stdout.str()
+    assert set(re.findall(r"^(ftready_\w+)", listed, re.M)) == documented["fixture"]
+    registered = {name.split("(")[0] for name in MARKERS} | {f"ftready_{area}" for area in AREAS}
+    assert registered == documented["marker"]
 
 
 # ---- one whole run, read by many -------------------------------------------------------------
