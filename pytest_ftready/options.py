@@ -15,9 +15,9 @@ HELP_RECIPE = ("run the readiness checks of this fine-tuning recipe (TOML), or o
 HELP_ARTIFACTS = "folder for ftready artifacts (environment.json, measurements, reports); default .ftready"
 HELP_NIGHTLY = "also run the long checks marked nightly (sustained throughput, lever sweeps)"
 HELP_CPU_SHORT = "run sustained.* and levers.sweep on a machine without an accelerator, in a short mode"
-HELP_BASELINE = ("compare this run's measurements with a previous run's: its measurements.json, a pytest-benchmark "
-                 "JSON saved with --ftready, or a folder of them (the newest); default: the run --benchmark-compare "
-                 "compares with")
+HELP_BASELINE = ("compare this run's measurements with a previous run's: its measurements.json, an artifacts folder "
+                 "(each recipe's last full run), a pytest-benchmark JSON saved with --ftready, or a folder of them "
+                 "(the newest); default: the run --benchmark-compare compares with")
 HELP_TIMEOUT = "seconds a hub request may take before a check gives up (default 10)"
 HELP_WORKERS = ("processes that read and encode the training data (default: from 16 MiB of files, one per CPU "
                 "with at least 4 MiB each; else 1)")
