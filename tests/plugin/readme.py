@@ -61,4 +61,10 @@ def documented() -> dict[str, set[str]]:
                       for m in re.finditer(r"\(exit (\d[^)]*)\)", body)},
         "running": {line.split("  #")[0].strip() for line in running.splitlines() if line.strip()},
         "check": {check_id for check_id, _ in check_rows()},
+        "code block": {block_key(block) for lang, block in re.findall(r"```(\w+)\n(.*?)```", body, re.S)},
     }
+
+
+def block_key(block: str) -> str:
+    """A code block by its first line, without its comment: how the contract names it."""
+    return block.splitlines()[0].split("  #")[0].strip()

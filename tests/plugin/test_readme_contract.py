@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -93,6 +92,29 @@ CONTRACT: dict[str, dict[str, str]] = {
     },
     "check": {check_id: "test_every_check_carries_ftready_its_area_and_its_documented_markers"
               for check_id, _ in readme.check_rows()},
+    "code block": {
+        'pip install torch==2.13.0 -e ".[test]" && python -m pytest_ftready.tiny examples/tiny && '
+        "pytest --ftready=examples/tiny/recipe.toml": "test_ci_runs_the_readmes_first_commands",
+        'ftready-forecast recipe.toml --target "RTX 4090"':
+            "tests/engine/test_memory_forecast.py::test_command_prints_the_table_and_exits_by_the_verdict",
+        "pytest --ftready=recipe.toml": "test_every_documented_name_has_a_test_and_every_tested_name_is_documented",
+        "[tool.pytest.ini_options]": "test_settings_say_where_they_came_from_cli_over_env_over_ini",
+        "import pytest": "test_the_readme_example_runs_as_written",
+        "ftready-init --model models/my-model --data data/train.jsonl -o recipe.toml":
+            "tests/test_starter.py::test_a_starting_recipe_for_the_tiny_model_is_valid_and_marks_what_it_could_not_read",
+        "pytest --ftready=trl-sft.yaml":
+            "tests/plugin/test_importer_examples.py::test_the_three_examples_run_offline_through_the_plugin",
+        "def pytest_ftready_pipeline(recipe, tokenizer):":
+            "tests/checks/test_pipelines.py::test_a_conftest_pipeline_hook_is_what_data_masking_checks",
+        "[distributed]": "tests/engine/test_distributed.py::test_defaults_and_declared_table",
+        "python -m torch.distributed.run --nnodes=1 --nproc-per-node=2 --standalone --max-restarts=0 \\":
+            "tests/checks/test_distributed.py::test_the_four_checks_pass_through_the_plugin",
+        "pytest --ftready=recipe.toml --ftready-baseline=last-night/measurements.json":
+            "tests/plugin/test_regression_gate.py::test_a_larger_micro_batch_fails_step_memory_against_last_nights_figures",
+        "[checks]": "tests/recipe/test_max_regression.py::test_thresholds_per_kind_are_read",
+        "FTREADY_SCALE_ROWS=1000000 pytest tests/benchmarks/test_scale.py -m scale --benchmark-json=scale.json":
+            "tests/benchmarks/test_scale.py::test_data_checks_throughput",
+    },
 }
 
 
@@ -241,11 +263,10 @@ def test_a_k_run_keeps_the_full_figures_as_the_baseline_and_a_doubled_micro_batc
 
 
 # ---- settings, commands -------------------------------------------------------------------------
-def test_settings_say_where_they_came_from_cli_over_env_over_ini(tiny_full_run, tmp_path):
-    folder = tmp_path / "repo"
-    shutil.copytree(tiny_full_run.folder, folder, symlinks=True,
-                    ignore=shutil.ignore_patterns("arts", "*.xml", "*.json", "test_*", "conftest.py"))
-    (folder / "pytest.ini").write_text("[pytest]\nftready_artifacts = from-ini\n")
+def test_settings_say_where_they_came_from_cli_over_env_over_ini(tiny_example):
+    folder = tiny_example
+    opt_in = readme.code_blocks(readme.section("Running"), "toml")[0]  # the README's block, verbatim
+    (folder / "pyproject.toml").write_text(opt_in + 'ftready_artifacts = "from-ini"\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("FTREADY_")}
 
     def header(*args, **extra):
@@ -256,6 +277,8 @@ def test_settings_say_where_they_came_from_cli_over_env_over_ini(tiny_full_run, 
                              cwd=folder, env={**env, **extra}, capture_output=True, text=True).stdout
         return next(line for line in out.splitlines() if line.startswith("ftready: recipes"))
 
+    line = header()
+    assert "recipe.toml (from ini ftready)" in line and f"{folder / 'from-ini'} (from ini ftready_artifacts)" in line
     line = header(FTREADY_RECIPE="recipe.toml")
     assert "(from env FTREADY_RECIPE)" in line and f"{folder / 'from-ini'} (from ini ftready_artifacts)" in line
     line = header("--ftready=recipe.toml", FTREADY_ARTIFACTS="from-env")
@@ -286,3 +309,13 @@ def test_ftready_tiny_writes_a_runnable_example_anywhere(tmp_path, monkeypatch):
     assert (tmp_path / "somewhere" / "data" / "MANIFEST.json").read_text() == (example / "data" / "MANIFEST.json").read_text()
     recipe = load_recipe(tmp_path / "somewhere" / "recipe.toml")
     assert recipe.model.path == (tmp_path / "somewhere" / "model").resolve() and recipe.data.manifest.is_file()
+
+
+def test_ci_runs_the_readmes_first_commands():
+    """The README's first block is what a new user types; .ci/run runs the same commands."""
+    block = readme.code_blocks(readme.text(), "bash")[0]
+    ci = (ROOT / ".ci" / "run").read_text()
+    commands = [c.strip() for line in block.splitlines() for c in line.split("&&")]
+    assert commands[0].startswith("pip install torch==2.13.0") and '-e ".[test]"' in ci
+    for command in commands[1:]:
+        assert command.replace("pytest --", "python -m pytest --") in ci or command in ci, command
