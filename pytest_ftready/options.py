@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from dataclasses import dataclass
@@ -14,9 +15,9 @@ HELP_RECIPE = ("run the readiness checks of this fine-tuning recipe (TOML), or o
 HELP_ARTIFACTS = "folder for ftready artifacts (environment.json, measurements, reports); default .ftready"
 HELP_NIGHTLY = "also run the long checks marked nightly (sustained throughput, lever sweeps)"
 HELP_CPU_SHORT = "run sustained.* and levers.sweep on a machine without an accelerator, in a short mode"
-HELP_BASELINE = ("compare this run's measurements with a previous run's: its measurements.json, a pytest-benchmark "
-                 "JSON saved with --ftready, or a folder of them (the newest); default: the run --benchmark-compare "
-                 "compares with")
+HELP_BASELINE = ("compare this run's measurements with a previous run's: its measurements.json, an artifacts folder "
+                 "(each recipe's last full run), a pytest-benchmark JSON saved with --ftready, or a folder of them "
+                 "(the newest); default: the run --benchmark-compare compares with")
 HELP_TIMEOUT = "seconds a hub request may take before a check gives up (default 10)"
 HELP_WORKERS = ("processes that read and encode the training data (default: from 16 MiB of files, one per CPU "
                 "with at least 4 MiB each; else 1)")
@@ -24,6 +25,10 @@ HELP_WORKERS = ("processes that read and encode the training data (default: from
 ENV_RECIPE = "FTREADY_RECIPE"
 ENV_ARTIFACTS = "FTREADY_ARTIFACTS"
 ENV_BASELINE = "FTREADY_BASELINE"
+
+
+class OptionValueError(argparse.ArgumentTypeError, ValueError):
+    """A bad option value; argparse shows its message after the option's name."""
 
 
 @dataclass(frozen=True)
@@ -55,9 +60,9 @@ def parse_seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ValueError(f"expected a number of seconds, got {text!r}") from None
+        raise OptionValueError(f"expected a number of seconds, got {text!r}") from None
     if value <= 0:
-        raise ValueError(f"expected a positive number of seconds, got {text!r}")
+        raise OptionValueError(f"expected a positive number of seconds, got {text!r}")
     return value
 
 
@@ -65,9 +70,9 @@ def parse_count(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(f"expected a whole number of processes, got {text!r}") from None
+        raise OptionValueError(f"expected a whole number of processes, got {text!r}") from None
     if value < 1:
-        raise ValueError(f"expected at least 1 process, got {text!r}")
+        raise OptionValueError(f"expected at least 1 process, got {text!r}")
     return value
 
 

@@ -26,6 +26,7 @@ MARKERS = {
     "ftready_recipes(*names_or_paths)": "run the test only for these recipes (name, file name or path; default: all)",
 }
 MISSING_KEY = pytest.StashKey[list]()
+NIGHTLY_KEY = pytest.StashKey[list]()  # the ids of the nightly checks this run deselected
 
 
 def pytest_addhooks(pluginmanager) -> None:
@@ -167,6 +168,16 @@ def pytest_collection_modifyitems(config, items) -> None:
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+        config.stash[NIGHTLY_KEY] = sorted({item.spec.id for item in drop})
+
+
+def pytest_report_collectionfinish(config, items) -> list[str]:
+    """Say which checks the default run left out, and why: "N deselected" alone reads like -k."""
+    dropped = config.stash.get(NIGHTLY_KEY, [])
+    if not dropped:
+        return []
+    return [f"ftready: nightly checks deselected ({', '.join(dropped)}): long-running; "
+            "run them with -m nightly or --ftready-nightly"]
 
 
 def pytest_runtest_setup(item) -> None:
@@ -238,9 +249,9 @@ def pytest_sessionfinish(session) -> None:
     gate = run.gate
     for state, record in zip(run.recipes.values(), records):
         try:
-            gate.write_json(state.artifacts / "measurements.json", measurements.measurements_payload(record.measurements))
-            if state.series:
-                gate.write_json(state.artifacts / "series.json", state.series)
+            if record.ran() or record.measurements:  # --collect-only leaves the last run's figures alone
+                measurements.write_figures(state.artifacts, record.partial, record.measurements, state.series,
+                                           gate.write_json)
             if record.ran():  # --collect-only, or a session stopped before any check: no report to replace
                 reports[record.name] = report.write_report(state.artifacts, record, write=gate.write)
         except Fail as exc:

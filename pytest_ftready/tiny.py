@@ -1,8 +1,9 @@
 """A real, tiny Llama-style model and chat dataset, built offline and deterministically.
 
-``python -m pytest_ftready.tiny examples/tiny`` (or ``ftready-tiny``) writes
-``model/`` (byte-level BPE tokenizer with a ChatML template, ~146k-parameter Llama) and
-``data/train.jsonl`` (50 chat rows), and ``data/layouts/<layout>.jsonl``: a few of the same
+``python -m pytest_ftready.tiny examples/tiny`` (or ``ftready-tiny DIR``) writes
+``model/`` (byte-level BPE tokenizer with a ChatML template, ~146k-parameter Llama),
+``data/train.jsonl`` (50 chat rows) with its ``MANIFEST.json``, ``recipe.toml`` (where absent),
+and ``data/layouts/<layout>.jsonl``: a few of the same
 chats in each dataset layout (their recipes are in ``examples/tiny/layouts/``). The plugin's
 own tests build their assets with the same functions, so the example and the tests exercise
 one real path.
@@ -177,15 +178,27 @@ def write_jsonl(path: Path, rows: Iterable[dict]) -> Path:
 
 
 def build_example(folder: Path) -> Path:
-    """The bundled example: ``folder/model`` and ``folder/data/train.jsonl``, in a folder only
-    its owner can enter (local is not automatically private: privacy.permissions checks it)."""
+    """The bundled example: ``folder/model``, ``folder/data/train.jsonl`` and, where absent,
+    ``folder/recipe.toml`` (the one ``examples/tiny`` holds) and the data's
+    ``data/MANIFEST.json``, in a folder only its owner can enter (local is not automatically
+    private: privacy.permissions checks it). ``pytest --ftready=folder/recipe.toml`` then runs
+    anywhere the package is installed."""
+    from importlib.resources import files
+
+    from .data import manifest
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o700)
     build_model(build_tokenizer(), folder / "model")
-    write_jsonl(folder / "data" / "train.jsonl", example_rows())
+    train = write_jsonl(folder / "data" / "train.jsonl", example_rows())
     for layout in LAYOUTS:
         write_jsonl(folder / "data" / "layouts" / f"{layout}.jsonl", layout_rows(layout))
+    recipe = folder / "recipe.toml"
+    if not recipe.exists():  # never replace a recipe someone edited
+        recipe.write_text(files(__package__).joinpath("tiny_recipe.toml").read_text(encoding="utf-8"), encoding="utf-8")
+    if not (folder / "data" / "MANIFEST.json").exists():
+        manifest.write([train], folder / "data" / "MANIFEST.json")
     return folder
 
 
@@ -194,7 +207,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("folder", nargs="?", default="examples/tiny", help="where to write model/ and data/")
     args = parser.parse_args(argv)
     folder = build_example(Path(args.folder))
-    print(f"built {folder / 'model'}, {folder / 'data' / 'train.jsonl'} and {folder / 'data' / 'layouts'}/")
+    print(f"built {folder / 'model'}, {folder / 'data' / 'train.jsonl'} and {folder / 'data' / 'layouts'}/; "
+          f"run: pytest --ftready={folder / 'recipe.toml'}")
     return 0
 
 

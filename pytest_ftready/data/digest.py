@@ -18,7 +18,6 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Optional, Sequence
 
-from .encoding import BLOCKING
 from .layouts import read_sample
 from .rows import Chunk, RowProblem
 
@@ -118,7 +117,7 @@ class DataDigest:
             self.head.append(e)
         if e.problems and len(self.with_problems) < plan.sample:
             self.with_problems.append(e)
-        if trained and not any(kind in BLOCKING for kind, _ in e.problems):
+        if e.trainable:
             if len(self.first_trainable) < plan.keep_first:
                 self.first_trainable.append(e)
             entry = (-e.length, self.trainable, e)

@@ -19,11 +19,11 @@ from __future__ import annotations
 import bisect
 import operator
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Optional
 
 from ..recipe.schema import CHAT_FORMATS
-from .layouts import Chat, Sample, read_sample
+from .layouts import Chat, Plain, Sample, read_sample
 from .redaction import redact_pieces, row_values
 from .rendering import Renderer, generation_mask
 from .rows import Row
@@ -41,9 +41,10 @@ class Encoded:
     input_ids: tuple[int, ...]
     labels: tuple[int, ...]
     method: str
-    full_length: int  # tokens before truncation
-    trained_full: int  # supervised tokens before truncation
+    full_length: int  # tokens before truncation (at least this many when ``cut``)
+    trained_full: int  # supervised tokens before truncation (at least this many when ``cut``)
     problems: tuple[tuple[str, str], ...] = ()  # (kind, detail)
+    cut: bool = False  # the row was far beyond max_length: only its start was tokenized
 
     @property
     def trained(self) -> int:
@@ -52,6 +53,11 @@ class Encoded:
     @property
     def length(self) -> int:
         return len(self.input_ids)
+
+    @property
+    def trainable(self) -> bool:
+        """Some token carries loss and no problem blocks the row: what training uses."""
+        return self.trained > 0 and not any(kind in BLOCKING for kind, _ in self.problems)
 
 
 def stop_token_ids(tokenizer, generation_eos: Iterable[int] = (), extra: Iterable[str] = ()) -> frozenset[int]:
@@ -86,6 +92,9 @@ class Encoder:
         self.chat_method = CHAT_METHODS[0] if MARKERS.search(template) else CHAT_METHODS[1]
         if self.format in CHAT_FORMATS:
             self._need_template()
+        # a token covers at most this many characters of text: a row longer than max_length + 1
+        # such tokens is cut before tokenizing (training never sees the rest; issue 26)
+        self.char_budget = (self.max_length + 1) * max(map(len, tokenizer.get_vocab()), default=1)
         if not getattr(tokenizer, "is_fast", False):
             raise ValueError("the encoder needs a fast tokenizer (offset mapping); this model's tokenizer is slow")
         self._eos_auto = self._adds_eos()
@@ -134,20 +143,33 @@ class Encoder:
         if isinstance(sample, Chat):
             self._need_template()
             return self._encode_chat(row, sample)
+        return self._encode_plain(row, sample, cut=len(sample.prompt) + len(sample.completion) > self.char_budget)
+
+    def _encode_plain(self, row: Row, sample: Plain, cut: bool) -> Encoded:
         text = sample.prompt + sample.completion
         spans = [(0 if self.train_on == "all" else len(sample.prompt), None)]
         method = "prompt-completion" if sample.prompt else "all-tokens"
-        if self.tok.eos_token and not self._eos_auto and not text.endswith(self.tok.eos_token):
+        if cut:
+            text = text[: self.char_budget]
+        elif self.tok.eos_token and not self._eos_auto and not text.endswith(self.tok.eos_token):
             text += self.tok.eos_token  # the model must learn to stop
         spans = [(a, len(text) if b is None else b) for a, b in spans]
         enc = self.tok(text, add_special_tokens=True, return_offsets_mapping=True)
         ids = list(enc["input_ids"])
+        if cut and len(ids) <= self.max_length:  # the budget was not enough (a normalizer dropped text)
+            return self._encode_plain(row, sample, cut=False)
         trained = _trained_flags(enc["offset_mapping"], spans)
-        if self._eos_auto and ids and ids[-1] == self.tok.eos_token_id:
+        if self._eos_auto and ids and ids[-1] == self.tok.eos_token_id and not cut:
             trained[-1] = True  # the appended EOS has no characters but is trained
-        return self._finish(row, ids, trained, [], method)
+        return self._finish(row, ids, trained, [], method, cut)
 
-    def _encode_chat(self, row: Row, chat: Chat) -> Encoded:
+    def _encode_chat(self, row: Row, chat: Chat, budget: Optional[int] = None) -> Encoded:
+        """``budget``: characters to tokenize at most (default ``char_budget``; 0: the whole row,
+        after a cut that proved unsafe): each longer message is cut to it before rendering, and
+        the render too, so a row of megabytes costs what max_length tokens cost."""
+        budget = self.char_budget if budget is None else budget
+        whole = chat
+        chat = _clipped(chat, budget) if budget else chat
         messages, labels, tools = chat.messages, chat.labels, chat.tools
         problems: list[tuple[str, str]] = []
         markers = self.chat_method == CHAT_METHODS[0] and self.train_on != "all"
@@ -155,7 +177,7 @@ class Encoder:
             if markers:
                 text, generation = self.renderer.render_marked(messages, tools=tools)
             else:
-                text = self.render(messages, tools=tools)
+                text, generation = self.render(messages, tools=tools), None
         except Exception as exc:  # jinja raises TemplateError, TypeError, ...; report, don't crash
             return Encoded(row, (), (), self.chat_method, 0, 0, (("render_error", f"template failed: {exc}"),))
         spans = []
@@ -175,7 +197,13 @@ class Encoder:
                                  "turns follow (the template rewrites history, as reasoning templates do)"))
                 continue
             spans.append((len(prompt), len(upto)))
+        cut = bool(budget) and (chat is not whole or len(text) > budget)
+        if cut:
+            text = text[:budget]
+            generation = None if generation is None else [(a, min(b, budget)) for a, b in generation if a < budget]
         base = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        if cut and (len(base["input_ids"]) <= self.max_length or (markers and generation is None)):
+            return self._encode_chat(row, whole, budget=0)  # the cut is not safe here: the whole row, exactly
         blocks = self._marker_blocks(chat, base, problems, generation) if markers else None
         final = self.tok(text, add_special_tokens=True, return_offsets_mapping=True) if self.add_special else base
         ids, offsets = list(final["input_ids"]), final["offset_mapping"]
@@ -193,7 +221,7 @@ class Encoder:
             if self.chat_method == CHAT_METHODS[1]:
                 _trim_after_stop(ids, trained, self.stop_ids)
             problems += verify_turns(chat, text, offsets, trained, self.train_on)
-        return self._finish(row, ids, trained, problems, self.chat_method)
+        return self._finish(row, ids, trained, problems, self.chat_method, cut)
 
     def _marker_blocks(self, chat: Chat, base, problems, generation=None) -> list[tuple[int, int]]:
         """The (start, end) token runs of ``base`` in the template's {% generation %} mask, less the
@@ -222,22 +250,49 @@ class Encoder:
         # otherwise the blocks do not line up with the turns: keep them all; verify_turns says what is wrong
         return blocks
 
-    def _finish(self, row: Row, ids: list[int], trained: list[bool], problems: list, method: str) -> Encoded:
-        problems = list(problems) + sequence_problems(self.tok, ids, trained, self.stop_ids)
+    def _finish(self, row: Row, ids: list[int], trained: list[bool], problems: list, method: str,
+                cut: bool = False) -> Encoded:
+        """Labels for the first max_length tokens, and the problems of the whole sequence. ``cut``:
+        ``ids`` are only the start of the row; its lengths are lower bounds, and a trained span
+        running into the cut is not judged for its stop token (its end was not tokenized)."""
+        judged = _open_end_untrained(trained) if cut else trained
+        problems = list(problems) + sequence_problems(self.tok, ids, judged, self.stop_ids)
         trained_full = trained.count(True)
         full_length = len(ids)
         ids = ids[: self.max_length]
         labels = [t if flag else IGNORE_INDEX for t, flag in zip(ids, trained)]
         kept = len(labels) - labels.count(IGNORE_INDEX)
+        least = "at least " if cut else ""
+        size = f" (the row is at least {full_length:,} tokens; only its start was tokenized)" if cut else ""
         if trained_full and kept == 0:
             problems.append(("truncated_all", f"max_length {self.max_length} cuts the whole response "
-                             f"({full_length} tokens, response starts at token {trained.index(True)})"))
+                             f"({least}{full_length:,} tokens, response starts at token {trained.index(True)})"))
         elif kept < trained_full:
-            problems.append(("truncated_part", f"max_length {self.max_length} cuts {trained_full - kept} of "
-                             f"{trained_full} response tokens"))
+            problems.append(("truncated_part", f"max_length {self.max_length} cuts {least}{trained_full - kept:,} of "
+                             f"{least}{trained_full:,} response tokens{size}"))
         if trained_full == 0 and not any(kind in ("render_error", "markers_empty") for kind, _ in problems):
             problems.append(("no_supervised", "no token of this row carries loss"))
-        return Encoded(row, tuple(ids), tuple(labels), method, full_length, trained_full, tuple(problems))
+        return Encoded(row, tuple(ids), tuple(labels), method, full_length, trained_full, tuple(problems), cut)
+
+
+def _clipped(chat: Chat, budget: int) -> Chat:
+    """``chat`` with every content longer than ``budget`` characters cut to it (the same object
+    when none is): what follows such a content lies beyond max_length tokens anyway."""
+    if all(not isinstance(m.get("content"), str) or len(m["content"]) <= budget for m in chat.messages):
+        return chat
+    messages = tuple({**m, "content": m["content"][:budget]} if isinstance(m.get("content"), str)
+                     and len(m["content"]) > budget else m for m in chat.messages)
+    return replace(chat, messages=messages)
+
+
+def _open_end_untrained(trained: list[bool]) -> list[bool]:
+    """``trained`` without the trained run that reaches its end (cut off before its stop token)."""
+    if not trained or not trained[-1]:
+        return trained
+    start = len(trained) - 1
+    while start > 0 and trained[start - 1]:
+        start -= 1
+    return trained[:start] + [False] * (len(trained) - start)
 
 
 def _trained_flags(offsets, spans) -> list[bool]:

@@ -1,9 +1,10 @@
 """The regression gate: this run's measurements against a previous run's.
 
-A baseline is a previous run's ``measurements.json`` (the artifacts folder), a
-pytest-benchmark saved run whose ``ftready`` key holds the measurements
-(``--benchmark-json`` / ``--benchmark-autosave``), or a folder of such saved runs (the
-newest file is taken). A measurement is compared with the baseline's figure of the same
+A baseline is a previous run's ``measurements.json`` (in the artifacts folder: the last full
+run's; a partial run's figures are ``measurements-partial.json`` beside it), an artifacts
+folder (each recipe's last full run), a pytest-benchmark saved run whose ``ftready`` key
+holds the measurements (``--benchmark-json`` / ``--benchmark-autosave``), or a folder of such
+saved runs (the newest file is taken). A measurement is compared with the baseline's figure of the same
 recipe, check, case and name when both are numbers of the same unit and its kind
 (``kinds.py``) has a threshold; a change worse than the threshold is a ``Regression``.
 Plain logic: no pytest, no session.
@@ -18,7 +19,9 @@ from typing import Any, Iterable, Mapping, Optional
 
 from ..kinds import HIGHER, kind_of
 from ..units import format_value
-from .measurements import Measurement
+from .measurements import MEASUREMENTS, Measurement, partial_name
+
+PARTIAL = partial_name(MEASUREMENTS)
 
 Key = tuple[str, str, str, str]  # recipe, check, case, name
 
@@ -62,6 +65,7 @@ class Regression:
 class Baseline:
     source: Path
     values: dict[Key, tuple[float, str]] = field(default_factory=dict)
+    note: str = ""  # which run's figures, when the source is an artifacts file or folder
 
     def get(self, m: Measurement) -> Optional[tuple[float, str]]:
         return self.values.get((m.recipe, m.check, m.case, m.name))
@@ -82,16 +86,47 @@ def newest_json(folder: Path) -> Path:
     """The newest ``*.json`` below ``folder`` (pytest-benchmark numbers its saves 0001_, 0002_...)."""
     found = sorted(folder.rglob("*.json"), key=lambda p: (p.name, p.stat().st_mtime))
     if not found:
-        raise BaselineError(f"ftready baseline {folder}: a folder without any *.json; pass a measurements.json or "
-                            "the folder --benchmark-autosave writes (.benchmarks/<machine>/)")
+        raise BaselineError(f"ftready baseline {folder}: a folder without any *.json; pass a measurements.json, "
+                            "an artifacts folder (.ftready/ or .ftready/<recipe>/) or the folder --benchmark-autosave "
+                            "writes (.benchmarks/<machine>/)")
     return found[-1]
 
 
+def artifacts_files(folder: Path) -> list[Path]:
+    """The figures of each recipe's last run in an artifacts folder (``.ftready/`` or
+    ``.ftready/<recipe>/``): its full run's measurements.json, else its partial run's."""
+    chosen = []
+    for full in sorted({*folder.rglob(MEASUREMENTS), *(p.with_name(MEASUREMENTS) for p in folder.rglob(PARTIAL))}):
+        chosen.append(full if full.is_file() else full.with_name(PARTIAL))
+    return chosen
+
+
 def load_baseline(path: Path | str) -> Baseline:
-    """Read a baseline file (or the newest JSON of a folder); ``BaselineError`` names the path."""
+    """Read a baseline: a file; an artifacts folder (each recipe's last full run, see
+    ``artifacts_files``); else the newest JSON of a folder (pytest-benchmark's saves). A
+    ``measurements.json`` that a partial run left absent falls back to the partial run's
+    figures beside it, and the baseline's ``note`` says so. ``BaselineError`` names the path."""
     path = Path(path)
     if path.is_dir():
-        path = newest_json(path)
+        files = artifacts_files(path)
+        if not files:
+            return _load_file(newest_json(path), "")
+        merged = Baseline(source=path, note="; ".join(_describe(f) for f in files))
+        for file in files:
+            merged.values.update(_load_file(file, "").values)
+        return merged
+    if path.name == MEASUREMENTS and not path.exists() and path.with_name(PARTIAL).is_file():
+        return _load_file(path.with_name(PARTIAL), _describe(path.with_name(PARTIAL)))
+    return _load_file(path, _describe(path) if path.name in (MEASUREMENTS, PARTIAL) else "")
+
+
+def _describe(file: Path) -> str:
+    if file.name == PARTIAL:
+        return f"{file.parent.name}: a partial run's figures (no full run there yet)"
+    return f"{file.parent.name}: the last full run's figures"
+
+
+def _load_file(path: Path, note: str) -> Baseline:
     try:
         payload = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -99,7 +134,9 @@ def load_baseline(path: Path | str) -> Baseline:
                             "measurements.json or pytest-benchmark JSON") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BaselineError(f"ftready baseline {path} cannot be read: {exc}") from None
-    return baseline_from(payload, path)
+    baseline = baseline_from(payload, path)
+    baseline.note = note
+    return baseline
 
 
 def baseline_from(payload: Any, source: Path) -> Baseline:
@@ -163,5 +200,6 @@ class RegressionGate:
 
     def summary(self) -> str:
         """One line for the terminal: what was compared with what."""
-        return (f"ftready baseline {self.baseline.source}: {self.judged} figure(s) compared, "
+        note = f" ({self.baseline.note})" if self.baseline.note else ""
+        return (f"ftready baseline {self.baseline.source}{note}: {self.judged} figure(s) compared, "
                 f"{len(self.found)} regressed")

@@ -196,13 +196,41 @@ class RecipeState:
             if isinstance(pipeline, BuiltinPipeline):
                 options["encoder"] = pipeline.encoder
             else:  # the team's function or TRL: in this process, in large chunks (TRL starts a trainer per chunk)
-                options.update(encode=lambda pairs: pipeline.encode([row for row, _ in pairs]), chunk_bytes=OTHER_CHUNK_BYTES)
+                options.update(self._encoding())
         travels = not encoding or "encoder" in options
         workers = workers_for(self.run.data_workers, files, encoding) if travels else 1
         try:
             return run_pass(files, self.data_plan(), workers=workers, progress=self.progress, **options)
         except PassFailed as exc:
             raise Fail(str(exc)) from None
+
+    def _encoding(self) -> dict:
+        """How this process encodes a chunk with the recipe's pipeline: ``encode`` and ``chunk_bytes``."""
+        from ..data.passes import encode_with
+        from ..data.rows import CHUNK_BYTES
+        from ..engine.pipeline import BuiltinPipeline
+
+        pipeline = self.pipeline
+        if isinstance(pipeline, BuiltinPipeline):
+            return {"encode": lambda pairs: encode_with(pipeline.encoder, pairs), "chunk_bytes": CHUNK_BYTES}
+        return {"encode": lambda pairs: pipeline.encode([row for row, _ in pairs]), "chunk_bytes": OTHER_CHUNK_BYTES}
+
+    @fact
+    def dataset(self):
+        """Every trainable example as the recipe's pipeline makes it, written chunk by chunk to an
+        Arrow file in this run's scratch folder and opened memory-mapped (a ``datasets.Dataset`` of
+        ``input_ids``, ``attention_mask``, ``labels`` and ``where``): rows never all in memory."""
+        import datasets
+
+        from ..data.arrow import write_examples
+
+        path = self.scratch / "dataset.arrow"
+        self.progress("writing the training examples for ftready_dataset", force=True)
+        try:
+            write_examples(self.recipe.data.train, self.data_plan(), path=path, **self._encoding())
+        except ValueError as exc:  # the pipeline cannot make examples (as in the data pass)
+            raise Fail(str(exc)) from None
+        return datasets.Dataset.from_file(str(path))
 
     @fact
     def encoder(self):

@@ -113,3 +113,51 @@ def test_the_gate_collects_regressions_and_counts_what_it_judged(baseline_file):
     assert text.startswith("peak_tensor_bytes rose 100.0%") and str(baseline_file) in text
     assert gate.judged == 3 and [r.name for r in gate.found] == ["peak_tensor_bytes"]
     assert gate.summary().endswith("3 figure(s) compared, 1 regressed")
+
+
+def write_run(folder, figures, partial=False):
+    """A run's artifacts as sessionfinish writes them (measurements, series, environment)."""
+    from pytest_ftready.outputs.measurements import write_figures
+
+    folder.mkdir(parents=True, exist_ok=True)
+    write_figures(folder, partial, figures, {"model.overfit": {"loss": [3.0, 1.0]}},
+                  lambda path, payload: path.write_text(json.dumps(payload)))
+    (folder / "environment.json").write_text("{}")
+
+
+def test_a_partial_run_writes_beside_the_full_one_and_a_full_run_clears_it(tmp_path):
+    folder = tmp_path / "tiny"
+    write_run(folder, BEFORE)
+    write_run(folder, [m("peak_tensor_bytes", 7, "bytes")], partial=True)
+    assert len(json.loads((folder / "measurements.json").read_text())) == len(BEFORE)
+    assert json.loads((folder / "measurements-partial.json").read_text())[0]["value"] == 7
+    assert (folder / "series.json").is_file() and (folder / "series-partial.json").is_file()
+    write_run(folder, BEFORE)
+    assert not (folder / "measurements-partial.json").exists() and not (folder / "series-partial.json").exists()
+
+
+def test_an_artifacts_folder_is_the_last_full_run_not_the_newest_file(tmp_path):
+    write_run(tmp_path / "tiny", BEFORE)
+    write_run(tmp_path / "tiny", [m("peak_tensor_bytes", 7, "bytes")], partial=True)  # pytest -k masking
+    for given in (tmp_path / "tiny", tmp_path, tmp_path / "tiny" / "measurements.json"):
+        baseline = load_baseline(given)
+        assert baseline.get(m("peak_tensor_bytes", 0, "bytes")) == (1000.0, "bytes"), given
+        assert "tiny: the last full run's figures" in baseline.note
+    gate = RegressionGate(load_baseline(tmp_path))
+    assert gate.summary().startswith(f"ftready baseline {tmp_path} (tiny: the last full run's figures)")
+
+
+def test_without_a_full_run_the_partial_figures_are_the_baseline_and_it_says_so(tmp_path):
+    write_run(tmp_path / "tiny", BEFORE, partial=True)
+    baseline = load_baseline(tmp_path / "tiny" / "measurements.json")
+    assert baseline.source.name == "measurements-partial.json"
+    assert baseline.get(m("peak_tensor_bytes", 0, "bytes")) == (1000.0, "bytes")
+    assert "partial run's figures" in baseline.note
+
+
+def test_an_artifacts_root_merges_every_recipes_figures(tmp_path):
+    write_run(tmp_path / "tiny", BEFORE)
+    other = Measurement(recipe="other", check="model.step_memory", name="peak_tensor_bytes", value=50, unit="bytes")
+    write_run(tmp_path / "other", [other])
+    baseline = load_baseline(tmp_path)
+    assert baseline.get(other) == (50.0, "bytes") and baseline.get(m("peak_tensor_bytes", 0, "bytes")) == (1000.0, "bytes")

@@ -15,7 +15,7 @@ PEAK = re.compile(r"(peak_\w+) rose [\d.]+%, worse than max_regression\.peak_dev
 
 def peak_figures(artifacts):
     """name -> the peak-memory figure of model.step_memory, formatted as the failure quotes it."""
-    payload = json.loads((artifacts / "tiny" / "measurements.json").read_text())
+    payload = json.loads((artifacts / "tiny" / "measurements-partial.json").read_text())  # -k runs: partial
     return {e["name"]: format_value(e["value"], e["unit"]) for e in payload
             if e["check"] == "model.step_memory" and e["name"].startswith("peak_") and e["unit"] == "bytes"}
 
@@ -36,8 +36,10 @@ def test_a_larger_micro_batch_fails_step_memory_against_last_nights_figures(pyte
     name, before, after = PEAK.search(message).groups()
     assert before == peak_figures(pytester.path / "night1")[name]
     assert after == peak_figures(pytester.path / "night2")[name]
-    assert "night1/tiny/measurements.json" in message
-    second.stdout.fnmatch_lines(["ftready baseline *measurements.json: * figure(s) compared, 1 regressed"])
+    # night1 was a -k run: with no full run there, its partial figures are the baseline, and the line says so
+    assert "night1/tiny/measurements-partial.json" in message
+    second.stdout.fnmatch_lines(["ftready baseline *measurements-partial.json (tiny: a partial run's figures *): "
+                                 "* figure(s) compared, 1 regressed"])
 
     # pytest-benchmark's own comparison: the autosaved run carries the measurements under "ftready"
     third = pytester.runpytest_subprocess(recipe, "-k", "step_memory", "--ftready-artifacts=night3",

@@ -5,34 +5,23 @@ headless Chromium renders every section visibly (a screenshot is saved with the 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from pytest_ftready.outputs.report import FULL, PARTIAL, SECTIONS
-from tests.conftest import copy_example
+from tests.plugin.full_run import run_pytest
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
 
 
-def run_pytest(folder: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "GITHUB_STEP_SUMMARY"}
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--ftready=recipe.toml",
-                           "--ftready-artifacts=arts", *args], cwd=folder, env=env, capture_output=True, text=True)
-
-
 @pytest.fixture(scope="module")
-def tiny_report(tmp_path_factory, tiny_model_dir) -> Path:
-    """The artifacts folder of one full run of the tiny example, nightly checks included."""
-    folder = copy_example(tmp_path_factory.mktemp("report") / "tiny", tiny_model_dir)
-    result = run_pytest(folder, "--ftready-nightly", "--ftready-cpu-short", "-p", "no:benchmark")
-    assert (folder / "arts" / "tiny" / FULL).is_file(), result.stdout[-3000:] + result.stderr[-3000:]
-    return folder / "arts" / "tiny"
+def tiny_report(tiny_full_run) -> Path:
+    """The artifacts folder of the shared whole run of the tiny example, nightly checks included."""
+    return tiny_full_run.artifacts
 
 
 def test_every_section_of_the_tiny_report_has_content(tiny_report):
