@@ -24,8 +24,8 @@ def memory_forecast(ctx) -> None:
     if f.notes:
         ctx.measure("forecast_notes", " | ".join(f.notes), "")
     if report.target is None:
-        ctx.measure("forecast_target", "none: set [hardware] target to judge the forecast", "")
-        return
+        raise Skip("no target device to judge the forecast against (the forecast is recorded): set [hardware] "
+                   "target (e.g. \"24GiB\" or \"H100\") or pass --target, or run where a GPU is")
     ctx.measure("forecast_target", report.target.name, "")
     ctx.measure("forecast_need", report.need_bytes, "bytes", estimate=True)
     ctx.measure("forecast_usable", report.usable_bytes, "bytes")

@@ -1,0 +1,47 @@
+"""A check with nothing to judge skips with its reason; a verdict judges all it says it does
+(issue 32). Each test plants one case that used to pass."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_ftready.outcomes import Fail, Skip
+
+
+def test_a_forecast_without_a_target_skips_and_still_records_the_forecast(make_state, run_check):
+    state = make_state()
+    with pytest.raises(Skip, match=r"no target device to judge the forecast against .*set \[hardware\] target"):
+        run_check(state, "model.memory_forecast")
+    measured = {m.name: m.value for m in state.run.measurements if m.check == "model.memory_forecast"}
+    assert measured["forecast_peak"] > 0 and "forecast_target" not in measured
+
+
+# ---- resumes compare every step, not the shorter of two lists -------------------------------------
+def test_a_resumed_run_with_fewer_losses_differs():
+    from pytest_ftready.engine.checkpoint import compare_losses
+
+    assert compare_losses([2.0, 1.5], [2.0, 1.5], exact=True) == ""
+    assert "returned 1 loss(es) for the 2 step(s) after the checkpoint" in compare_losses([2.0, 1.5], [2.0], exact=True)
+
+
+def distributed_jobs(straight: list, resumed: list):
+    """A two-rank job's straight run and resumed run as the ranks report them (the figures under test)."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from pytest_ftready.engine.distributed.launcher import JobResult, RankOutcome
+
+    def job(phase, losses):
+        ranks = {r: RankOutcome(r, {"phase": "finished", "phases": {phase: {"losses": losses}}}) for r in (0, 1)}
+        return JobResult(phase, ["torchrun"], 2, 0, False, 1.0, ranks, None, 0, Path("."))
+
+    return SimpleNamespace(run=lambda: job("train", straight), resume=lambda: job("resume", resumed), steps=len(straight),
+                           plan=SimpleNamespace(device_kind="cpu", backend="gloo", world_size=2, reshard_world_size=1))
+
+
+def test_distributed_resume_that_returns_fewer_losses_fails(make_state, run_check):
+    state = make_state()
+    state.distributed_jobs = distributed_jobs([3.0, 2.5, 2.0, 1.5], [2.0])
+    with pytest.raises(Fail, match=r"rank 0 returned 1 loss\(es\) after the resume for the 2 step\(s\) the straight run "
+                                   r"made after step 2"):
+        run_check(state, "distributed.resume")
