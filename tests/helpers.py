@@ -33,3 +33,14 @@ def fails(runner, subject, check_id: str, *expected: str, **options) -> str:
     for text in expected:
         assert text in str(info.value), str(info.value)
     return str(info.value)
+
+
+def private_model(example):
+    """The example's model folder (a link to the session's shared build) as a private copy, to edit."""
+    import shutil
+
+    model = example / "model"
+    built = model.resolve()
+    model.unlink()
+    shutil.copytree(built, model)
+    return model

@@ -170,12 +170,10 @@ def test_offline_snapshot_lacking_a_shard_its_index_names_fails(hub_state, run_c
 
 def test_a_local_model_folder_lacking_a_shard_fails(make_state, run_check, tiny_example):
     import json
-    import shutil
 
-    model = tiny_example / "model"
-    built = model.resolve()
-    model.unlink()
-    shutil.copytree(built, model)  # a private copy of the model folder, with an index naming a shard it lacks
+    from tests.helpers import private_model
+
+    model = private_model(tiny_example)  # with an index naming a shard it lacks
     (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "model-00002-of-00002.safetensors"}}))
     state = make_state()
     with pytest.raises(Fail, match="lacks model-00002-of-00002.safetensors, named by its weight index"):

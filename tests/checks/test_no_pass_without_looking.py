@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_ftready.outcomes import Fail, Skip
+from tests.helpers import private_model
 
 
 def test_a_forecast_without_a_target_skips_and_still_records_the_forecast(make_state, run_check):
@@ -45,3 +46,21 @@ def test_distributed_resume_that_returns_fewer_losses_fails(make_state, run_chec
     with pytest.raises(Fail, match=r"rank 0 returned 1 loss\(es\) after the resume for the 2 step\(s\) the straight run "
                                    r"made after step 2"):
         run_check(state, "distributed.resume")
+
+
+def test_data_lengths_skips_when_the_model_config_cannot_be_read(make_state, run_check, tiny_example):
+    import json
+
+    config = private_model(tiny_example) / "config.json"
+    fields = json.loads(config.read_text())
+    del fields["max_position_embeddings"]
+    config.write_text(json.dumps(fields))
+    with pytest.raises(Skip, match=r"max_length 128 not compared with the model's positions: its config has none of "
+                                   r"max_position_embeddings"):
+        run_check(make_state(), "data.lengths")
+    config.unlink()  # the tokenizer loads without it
+    state = make_state()
+    with pytest.raises(Skip, match=r"its config could not be read \(ValueError: Unrecognized model"):
+        run_check(state, "data.lengths")
+    measured = {m.name: m.value for m in state.run.measurements if m.check == "data.lengths"}
+    assert measured["length_max"] > 0  # what it could look at is recorded
