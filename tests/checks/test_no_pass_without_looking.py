@@ -71,3 +71,15 @@ def test_a_seed_numpy_cannot_take_fails_repro_config(make_state, run_check):
     with pytest.raises(Fail, match=r"\[training\] seed = 4294967296 did not reach training's seeding \(ValueError: .*"
                                    r"write a seed between 0 and 4294967295"):
         run_check(state, "repro.config")
+
+
+def test_a_step_whose_host_peak_exceeds_the_ram_fails_step_memory(make_state, run_check):
+    import dataclasses
+
+    state = make_state()
+    real = state.step
+    total = state.machine.host.memory_total_bytes
+    assert real.peak_bytes < 0.9 * total  # the device side fits
+    state.step = dataclasses.replace(real, host_peak_bytes=total)  # a step that would take all the RAM
+    with pytest.raises(Fail, match=r"the worst-case step's own host peak is .* but this machine offers .* of RAM"):
+        run_check(state, "model.step_memory")
