@@ -83,3 +83,25 @@ def test_a_step_whose_host_peak_exceeds_the_ram_fails_step_memory(make_state, ru
     state.step = dataclasses.replace(real, host_peak_bytes=total)  # a step that would take all the RAM
     with pytest.raises(Fail, match=r"the worst-case step's own host peak is .* but this machine offers .* of RAM"):
         run_check(state, "model.step_memory")
+
+
+def test_one_adapter_left_out_of_the_optimizer_fails_the_overfit(make_state, run_check, monkeypatch):
+    from pytest_ftready.engine import overfit
+
+    real = overfit.make_optimizer
+    left_out = []
+
+    def forgetful(model, recipe):  # the bug: one LoRA matrix of many never reaches the optimizer
+        optimizer = real(model, recipe)
+        name, param = next((n, p) for n, p in model.named_parameters() if p.requires_grad)
+        left_out.append(name)
+        for group in optimizer.param_groups:
+            group["params"] = [p for p in group["params"] if p is not param]
+        return optimizer
+
+    monkeypatch.setattr(overfit, "make_optimizer", forgetful)
+    state = make_state()
+    with pytest.raises(Fail, match=r"1 of \d+ trainable parameters never changed in \d+ steps, e.g. .*not in the optimizer") \
+            as info:
+        run_check(state, "model.overfit")
+    assert left_out[0] in str(info.value)
