@@ -105,3 +105,21 @@ def test_one_adapter_left_out_of_the_optimizer_fails_the_overfit(make_state, run
             as info:
         run_check(state, "model.overfit")
     assert left_out[0] in str(info.value)
+
+
+def test_a_sweep_variant_that_runs_out_of_memory_fails(make_state, monkeypatch):
+    import dataclasses
+
+    from pytest_ftready.checks.registry import REGISTRY
+    from pytest_ftready.engine import step
+    from pytest_ftready.session.context import CheckContext
+
+    real = step.measure_step
+    monkeypatch.setattr(step, "measure_step", lambda *args, **kwargs: dataclasses.replace(  # the GPU's allocator answer
+        real(*args, **kwargs), out_of_memory="CUDA out of memory. Tried to allocate 2.00 GiB"))
+    state = make_state()
+    ctx = CheckContext(state, REGISTRY["levers.sweep"], param={"training.micro_batch_size": 8})
+    with pytest.raises(Fail, match=r"training.micro_batch_size = 8 runs out of memory on .*: CUDA out of memory. Tried"):
+        with ctx.running():
+            REGISTRY["levers.sweep"].body(ctx)
+    assert {m.name: m.value for m in ctx.measured}["out_of_memory"] is True
