@@ -121,10 +121,14 @@ def precision(ctx) -> None:
         problem = precision_problem(name, row, machine, device)
         if problem:
             problems.append(f"{problem}; use {row['instead']}")
-    if device.kind == "cpu" and recipe.model.dtype == "bfloat16":
-        ctx.measure("cpu_bf16_native", any(f in machine.host.cpu_flags for f in ("avx512_bf16", "amx_bf16")), "")
+    cpu_bf16 = device.kind == "cpu" and recipe.model.dtype == "bfloat16"
+    if cpu_bf16:
+        ctx.measure("cpu_bf16_native", bool(set(rows["bfloat16"]["cpu_flags"]) & set(machine.host.cpu_flags)), "")
     if problems:
         raise Fail("\n".join(problems))
+    if cpu_bf16 and not machine.host.cpu_flags:
+        raise Skip("this CPU's feature flags could not be read (no /proc/cpuinfo): whether its bfloat16 is native "
+                   "or emulated is not known")
 
 
 @check("stack.kernels", stage=STAGES["stack"] + 3)

@@ -123,3 +123,20 @@ def test_a_sweep_variant_that_runs_out_of_memory_fails(make_state, monkeypatch):
         with ctx.running():
             REGISTRY["levers.sweep"].body(ctx)
     assert {m.name: m.value for m in ctx.measured}["out_of_memory"] is True
+
+
+@pytest.mark.parametrize("flags, outcome", [(("fpu", "avx2", "avx512f"), Fail), (("avx2", "avx512_bf16"), None),
+                                            (("fp", "asimd", "bf16"), None), ((), Skip)],
+                         ids=["x86-without-bf16", "avx512-bf16", "arm-bf16", "flags-unknown"])
+def test_bfloat16_on_a_cpu_is_native_or_named(make_state, run_check, real_machine, flags, outcome):
+    import dataclasses
+
+    machine = dataclasses.replace(real_machine, host=dataclasses.replace(real_machine.host, cpu_flags=flags))
+    state = make_state(machine=machine, dtype='"bfloat16"')
+    if outcome is None:
+        run_check(state, "stack.precision")
+        return
+    match = {Fail: r"has no native bfloat16 \(none of avx512_bf16, amx_bf16, bf16 among its flags\): torch emulates it",
+             Skip: r"feature flags could not be read"}[outcome]
+    with pytest.raises(outcome, match=match):
+        run_check(state, "stack.precision")
