@@ -140,3 +140,17 @@ def test_bfloat16_on_a_cpu_is_native_or_named(make_state, run_check, real_machin
              Skip: r"feature flags could not be read"}[outcome]
     with pytest.raises(outcome, match=match):
         run_check(state, "stack.precision")
+
+
+def test_a_machine_the_hook_describes_counts_as_fake_even_unmarked(make_state, run_check, real_machine):
+    import dataclasses
+    from types import SimpleNamespace
+
+    from pytest_ftready.plugin import _machine
+
+    described = dataclasses.replace(real_machine, fake=False)  # a hook that forgot fake=True
+    config = SimpleNamespace(hook=SimpleNamespace(pytest_ftready_machine=lambda config: described))
+    machine = _machine(config)
+    assert machine.fake and dataclasses.replace(machine, fake=False) == described
+    with pytest.raises(Skip, match=r"the machine is described \(pytest_ftready_machine\), not probed"):
+        run_check(make_state(machine=machine), "stack.smoke")
