@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_ftready.outcomes import Fail, Skip
-from tests.helpers import private_model
+from tests.helpers import job_result, private_model
 
 
 def test_a_forecast_without_a_target_skips_and_still_records_the_forecast(make_state, run_check):
@@ -27,16 +27,10 @@ def test_a_resumed_run_with_fewer_losses_differs():
 
 def distributed_jobs(straight: list, resumed: list):
     """A two-rank job's straight run and resumed run as the ranks report them (the figures under test)."""
-    from pathlib import Path
     from types import SimpleNamespace
 
-    from pytest_ftready.engine.distributed.launcher import JobResult, RankOutcome
-
-    def job(phase, losses):
-        ranks = {r: RankOutcome(r, {"phase": "finished", "phases": {phase: {"losses": losses}}}) for r in (0, 1)}
-        return JobResult(phase, ["torchrun"], 2, 0, False, 1.0, ranks, None, 0, Path("."))
-
-    return SimpleNamespace(run=lambda: job("train", straight), resume=lambda: job("resume", resumed), steps=len(straight),
+    return SimpleNamespace(run=lambda: job_result("train", {"train": {"losses": straight}}),
+                           resume=lambda: job_result("resume", {"resume": {"losses": resumed}}), steps=len(straight),
                            plan=SimpleNamespace(device_kind="cpu", backend="gloo", world_size=2, reshard_world_size=1))
 
 
