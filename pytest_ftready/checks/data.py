@@ -40,8 +40,9 @@ def summarize(found: dict) -> str:
 
 
 def encoded_rows(ctx, purpose: str):
-    """The data digest with its encoded rows, or a failure that says why there are none."""
+    """The data digest with its encoded rows (their count measured), or a failure that says why there are none."""
     digest = ctx.state.digest
+    ctx.measure("rows_encoded", digest.encoded, "rows")
     if not digest.encoded:
         raise Fail(f"no well-formed row to {purpose} (see data.format)")
     return digest
@@ -243,6 +244,7 @@ def data_loader(ctx) -> None:
     encoded = [encoder.encode(r) for r in sample]
     encode_s = time.perf_counter() - start
     tokens = sum(e.length for e in encoded)
+    ctx.measure("rows_timed", len(encoded), "rows")
     mb = ctx.recipe.training.micro_batch_size
     pad = state.tokenizer.pad_token_id
     start = time.perf_counter()

@@ -69,6 +69,7 @@ def collectives(ctx) -> None:
     jobs = ctx.state.distributed_jobs
     job = jobs.run()
     per_rank = finished(job, "collectives", "the collectives did not complete")
+    ctx.measure("ranks_measured", len(per_rank), "ranks")
     best: dict[str, tuple[int, float]] = {}
     for op in ("all_reduce", "all_gather"):
         sizes = [row["bytes"] for row in next(iter(per_rank.values()))[op]]
@@ -110,6 +111,7 @@ def collectives(ctx) -> None:
 def step(ctx) -> None:
     """One DDP/FSDP2 step of the worst-case batch on every rank: per-rank peak fits, ranks agree."""
     per_rank = finished(ctx.state.distributed_jobs.run(), "step", "the distributed step did not complete")
+    ctx.measure("ranks_measured", len(per_rank), "ranks")
     headroom = ctx.recipe.hardware.memory_headroom
     over = []
     for rank, f in per_rank.items():

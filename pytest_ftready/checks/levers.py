@@ -15,6 +15,7 @@ def advice(ctx) -> None:
     state = ctx.state
     step = state.step
     levers = levers_for(ctx.recipe, step.breakdown, step.num_layers, state.length_p95)
+    ctx.measure("levers_considered", len(levers), "levers")
     for lever in levers:
         ctx.measure(f"saves[{lever.name}]", lever.saves_bytes, "bytes", estimate=True)
     usable = step.usable_bytes(ctx.recipe.hardware.memory_headroom)

@@ -15,6 +15,7 @@ def environment(ctx) -> None:
     path = ctx.state.run.gate.write_json(ctx.state.artifacts / "environment.json", record)
     for name, value in suite_properties(machine).items():
         ctx.suite_property(name, value)
+    ctx.measure("packages_recorded", len(record["packages"]), "packages")
     ctx.measure("cpu_cores", machine.host.cores_logical, "cores")
     ctx.measure("host_memory_total", machine.host.memory_total_bytes, "bytes")
     for gpu in machine.gpus:

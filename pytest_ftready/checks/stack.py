@@ -116,6 +116,7 @@ def precision(ctx) -> None:
         raise Skip("MLX chooses its own kernels; precision is checked by mlx-lm at load time")
     rows = {r["name"]: r for r in load("compute")["precision"]}
     problems = []
+    ctx.measure("precisions_checked", len(precisions(recipe)), "precisions")
     for name in precisions(recipe):
         row = rows[name]
         problem = precision_problem(name, row, machine, device)
@@ -140,6 +141,7 @@ def kernels(ctx) -> None:
     rows = {r["name"]: r for r in load("compute")["kernel"]}
     required = required_kernels(recipe)
     ctx.measure("kernels_required", ", ".join(n for n, _ in required) or "none", "")
+    ctx.measure("kernels_checked", len(required), "kernels")
     if recipe.model.attn_implementation == "sdpa":
         ctx.measure("sdpa_backends", sdpa_backends(machine, device, recipe.model.dtype), "")
     problems = [p for name, why in required if (p := kernel_problem(rows[name], why, recipe, machine, device))]
@@ -217,5 +219,6 @@ def smoke(ctx) -> None:
     error = float((out - reference).abs().max() / reference.abs().max())
     tolerance = {"float32": 5e-3, "float16": 2e-2, "bfloat16": 6e-2}[ctx.recipe.model.dtype]
     ctx.measure("smoke_relative_error", error, "")
+    ctx.measure("smoke_elements", out.numel(), "elements")
     if not error <= tolerance:
         raise Fail(f"a {ctx.recipe.model.dtype} matmul on {device} is wrong: relative error {error:.3g} > {tolerance}")
