@@ -18,7 +18,7 @@ OWN_SKIPS = {
 ALONE = [spec.id for spec in all_checks() if not spec.accelerator]
 # Units that count what a check looked at; every check states at least one (issue 32).
 LOOKED_AT = {"files", "bytes", "rows", "tokens", "steps", "shards", "ranks", "paths", "examples", "packages",
-             "generators", "precisions", "kernels", "levers", "elements", "samples", "checkpoints"}
+             "generators", "precisions", "kernels", "levers", "elements", "samples", "checkpoints", "bugs"}
 # Checks that judge a declaration, not a body of material: nothing to count.
 DECLARATIONS = {"privacy.license": "the model's license and the recipe's data rights"}
 

@@ -180,6 +180,9 @@ PLANTS: dict[str, tuple[Callable, str]] = {
     "stack.kernels": (lambda k: k.make_state(attn_implementation='"flash_attention_2"'), "needs flash attention 2"),
     "stack.mlx": (lambda k: k.make_state(machine=fakes.apple(), device='"mlx"'), "mlx-lm is not installed"),
     "stack.smoke": (lambda k: k.make_state(device='"cuda"'), "the recipe asks for cuda"),
+    "stack.known_bugs": (lambda k: k.make_state(machine=dataclasses.replace(k.machine, packages=(("peft", "0.3.0"),)),
+                                                optimizer='"adamw"\ngradient_checkpointing = true'),
+                         "peft-checkpointing-frozen-inputs"),  # issue 31's check (peft < 0.4 with checkpointing)
     "checkpoint.revision": (lambda k: k.request.getfixturevalue("hub_state")(revision="main"), "is a branch or tag"),
     "checkpoint.files": (_index_names_a_missing_shard, "lacks model-00002-of-00002.safetensors"),
     "checkpoint.disk": (lambda k: k.request.getfixturevalue("hub_state")(free=10 ** 9), "needs more than the"),
