@@ -145,7 +145,7 @@ def retention(ctx) -> None:
         if plain:
             problems.append(f"{len(plain)} backup file(s) in {folder} are not encrypted, e.g. "
                             + ", ".join(str(p) for p in plain[:5]))
-        if not folder.is_dir():
+        if not folder.exists():
             unseen = (f"the backups folder {folder} ([privacy] backups path = \"{backups['path']}\") does not exist, so "
                       "no backup was checked: point path at where the backups are written")
     if not privacy.retention_days:
