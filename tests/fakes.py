@@ -9,7 +9,8 @@ from pytest_ftready.machine.probes import Gpu, Host, Kernel, Machine, Nvml, Torc
 
 GiB = 1024 ** 3
 LINUX = Host(os="Linux", os_release="6.8.0", machine="x86_64", python="3.11.7", cpu_model="Fake Xeon",
-             cores_logical=32, cores_physical=16, memory_total_bytes=256 * GiB)
+             cores_logical=32, cores_physical=16, memory_total_bytes=256 * GiB,
+             cpu_flags=("avx2", "avx512f", "avx512_bf16", "amx_bf16"))  # a Sapphire Rapids Xeon: native bf16
 CU124_ARCHES = ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90")
 CU128_ARCHES = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")
 

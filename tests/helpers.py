@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
@@ -33,3 +34,25 @@ def fails(runner, subject, check_id: str, *expected: str, **options) -> str:
     for text in expected:
         assert text in str(info.value), str(info.value)
     return str(info.value)
+
+
+def private_model(example):
+    """The example's model folder (a link to the session's shared build) as a private copy, to edit."""
+    import shutil
+
+    model = example / "model"
+    built = model.resolve()
+    model.unlink()
+    shutil.copytree(built, model)
+    return model
+
+
+def job_result(mode: str, phases: dict, failure=None, ranks=(0, 1)):
+    """A torchrun job as its ranks report it (``phases``: {phase: figures}, the same on every rank),
+    for judging the distributed checks' verdicts without launching one."""
+    from pytest_ftready.engine.distributed.launcher import JobResult, RankOutcome
+
+    finished = "finished" if failure is None else failure.phase
+    outcomes_ = {r: RankOutcome(r, {"phase": finished, "phases": phases}) for r in ranks}
+    return JobResult(mode, ["torchrun"], len(ranks), 0 if failure is None else 1, False, 1.0, outcomes_, failure, 0,
+                     Path("."))

@@ -143,3 +143,17 @@ def never_shown() -> list[str]:
             needles.add(line)
             needles.update(line[i:i + 12] for i in range(max(1, len(line) - 11)))
     return sorted(needles)
+
+
+def leaky_attention() -> str:
+    """Register (once) and name an attention that ignores packing's example boundaries: causal
+    over the whole packed row, as a kernel that drops position_ids would be."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def leaky(module, query, key, value, attention_mask, **kwargs):
+        kwargs.pop("is_causal", None)
+        return sdpa_attention_forward(module, query, key, value, None, is_causal=True, **kwargs)
+
+    AttentionInterface.register("leaky_causal", leaky)
+    return "leaky_causal"

@@ -35,6 +35,8 @@ def files(ctx) -> None:
     needed = needed_files(sizes, recipe.model.gguf_file)
     extra = duplicates(sizes, needed)
     ctx.measure("allow_patterns", ", ".join(needed), "")
+    ctx.measure("file_list_source", found.source, "")
+    ctx.measure("files_listed", len(sizes), "files")
     ctx.measure("needed_files", len(needed), "files")
     ctx.measure("duplicate_weight_files", len(extra), "files")
     if recipe.model.gguf_file and recipe.model.gguf_file not in sizes:
@@ -47,6 +49,10 @@ def files(ctx) -> None:
         if extra:
             wasted = sum(sizes[f] or 0 for f in extra)
             ctx.measure("duplicate_weight_bytes", wasted, "bytes")
+        absent = [f for f in needed if sizes[f] is None]
+        if absent:
+            raise Fail(f"the model folder {recipe.model.path} lacks {', '.join(absent)}, named by its weight index: "
+                       "copy the missing shard(s) from where the model came from")
         return
     snapshot = repo_cache_dir(recipe.model.id) / "snapshots" / found.sha
     if not snapshot.is_dir():
@@ -67,7 +73,8 @@ def disk(ctx) -> None:
     needed = needed_files(sizes, recipe.model.gguf_file)
     unknown = [f for f in needed if sizes[f] is None]
     if unknown:
-        raise Skip(f"the hub gave no size for {', '.join(unknown)}")
+        raise Skip(f"no size known for {', '.join(unknown)} (the file list came from the {found.source}"
+                   + (", where they are missing)" if found.source == "cache" else ")"))
     total = sum(sizes[f] for f in needed)
     ctx.measure("model_bytes", total, "bytes")
     if recipe.model.path:

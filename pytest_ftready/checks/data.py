@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Optional
 
 from ..data.encoding import CHAT_METHODS, render_example
 from ..data.lengths import padding_waste
@@ -39,8 +40,9 @@ def summarize(found: dict) -> str:
 
 
 def encoded_rows(ctx, purpose: str):
-    """The data digest with its encoded rows, or a failure that says why there are none."""
+    """The data digest with its encoded rows (their count measured), or a failure that says why there are none."""
     digest = ctx.state.digest
+    ctx.measure("rows_encoded", digest.encoded, "rows")
     if not digest.encoded:
         raise Fail(f"no well-formed row to {purpose} (see data.format)")
     return digest
@@ -180,23 +182,30 @@ def data_lengths(ctx) -> None:
         ctx.measure("padding_waste", padding_waste(kept, mb), "share")
         ctx.measure("padding_waste_grouped_by_length", padding_waste(sorted(kept), mb), "share")
     ctx.series("lengths", sorted_sample(full, LENGTHS_SHOWN))
-    limit = _model_max_positions(state)
-    if limit is not None:
-        ctx.measure("model_max_positions", limit, "tokens")
-        if max_length > limit:
-            raise Fail(f"[data] max_length {max_length} exceeds the model's max_position_embeddings {limit}: "
-                       f"set max_length <= {limit}" + skipped)
+    limit, unknown = _model_max_positions(state)
+    if limit is None:
+        raise Skip(f"[data] max_length {max_length} not compared with the model's positions: {unknown} (the lengths "
+                   "are recorded)")
+    ctx.measure("model_max_positions", limit, "tokens")
+    if max_length > limit:
+        raise Fail(f"[data] max_length {max_length} exceeds the model's max_position_embeddings {limit}: "
+                   f"set max_length <= {limit}" + skipped)
 
 
-def _model_max_positions(state):
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def _model_max_positions(state) -> tuple[Optional[int], str]:
+    """(the model's position limit, '') or (None, why it is not known)."""
     from ..engine.loading import model_config
 
     try:
         config = model_config(state.recipe)
-    except Exception:  # no config reachable (offline hub model): nothing to compare
-        return None
+    except Exception as exc:  # no config reachable (offline hub model): say so, never pass on it
+        return None, f"its config could not be read ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
     config = config.get("text_config", config)
-    return config.get("max_position_embeddings")
+    found = next((config[key] for key in POSITION_KEYS if isinstance(config.get(key), int)), None)
+    return found, "" if found else f"its config has none of {', '.join(POSITION_KEYS)}"
 
 
 @check("data.packing", stage=STAGES["data"] + 4, requires=("data.masking",),
@@ -235,6 +244,7 @@ def data_loader(ctx) -> None:
     encoded = [encoder.encode(r) for r in sample]
     encode_s = time.perf_counter() - start
     tokens = sum(e.length for e in encoded)
+    ctx.measure("rows_timed", len(encoded), "rows")
     mb = ctx.recipe.training.micro_batch_size
     pad = state.tokenizer.pad_token_id
     start = time.perf_counter()

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..engine.distributed.launcher import JobResult
-from ..outcomes import Fail
+from ..outcomes import Fail, Skip
 from ..units import human_bytes
 from .registry import STAGES, check
 
@@ -69,6 +69,7 @@ def collectives(ctx) -> None:
     jobs = ctx.state.distributed_jobs
     job = jobs.run()
     per_rank = finished(job, "collectives", "the collectives did not complete")
+    ctx.measure("ranks_measured", len(per_rank), "ranks")
     best: dict[str, tuple[int, float]] = {}
     for op in ("all_reduce", "all_gather"):
         sizes = [row["bytes"] for row in next(iter(per_rank.values()))[op]]
@@ -82,17 +83,15 @@ def collectives(ctx) -> None:
     if not links:
         why = ("gloo on the CPU has no GPU link to compare with" if jobs.plan.device_kind == "cpu" else
                "NVML gave no link facts for these GPUs (ROCm, or NVML not readable)")
-        ctx.measure("bandwidth_comparison", f"not compared: {why}; the figures are recorded", "")
-        return
+        raise Skip(f"bus bandwidth not compared with a link: {why}; the figures are recorded")
     rank, expected = slowest_link(links)
     largest = min(size for size, _ in best.values())
     if largest < COMPARE_FROM_BYTES:
-        ctx.measure("bandwidth_comparison", f"not compared: the largest message that fit ({human_bytes(largest)}) is "
-                    f"latency-bound; comparing needs {human_bytes(COMPARE_FROM_BYTES)} or more free on every GPU", "")
-        return
+        raise Skip(f"bus bandwidth not compared with the link: the largest message that fit ({human_bytes(largest)}) "
+                   f"is latency-bound; comparing needs {human_bytes(COMPARE_FROM_BYTES)} or more free on every GPU "
+                   "(the figures are recorded)")
     if expected.bytes_per_s is None:
-        ctx.measure("bandwidth_comparison", f"not compared: {expected.reason}", "")
-        return
+        raise Skip(f"bus bandwidth not compared with the link: {expected.reason} (the figures are recorded)")
     ctx.measure("link", f"rank {rank}: {expected.link}", "")
     ctx.measure("link_bandwidth", expected.bytes_per_s, "bytes/s", estimate=True)
     share = ctx.recipe.distributed.min_bandwidth_share
@@ -112,6 +111,7 @@ def collectives(ctx) -> None:
 def step(ctx) -> None:
     """One DDP/FSDP2 step of the worst-case batch on every rank: per-rank peak fits, ranks agree."""
     per_rank = finished(ctx.state.distributed_jobs.run(), "step", "the distributed step did not complete")
+    ctx.measure("ranks_measured", len(per_rank), "ranks")
     headroom = ctx.recipe.hardware.memory_headroom
     over = []
     for rank, f in per_rank.items():
@@ -161,6 +161,10 @@ def resume(ctx) -> None:
     worst = 0.0
     for rank, figures in resumed.items():
         straight = straight_runs[rank]["losses"][half:]
+        if len(figures["losses"]) != len(straight):
+            raise Fail(f"rank {rank} returned {len(figures['losses'])} loss(es) after the resume for the {len(straight)} "
+                       f"step(s) the straight run made after step {half}: the resumed job stopped early or ran extra "
+                       "steps (the saved step count or data position is wrong)")
         for i, (a, b) in enumerate(zip(straight, figures["losses"])):
             worst = max(worst, abs(a - b))
             if abs(a - b) > tolerance * max(1.0, abs(a)):
@@ -168,6 +172,8 @@ def resume(ctx) -> None:
                            "sharded checkpoint does not carry the whole training state (optimizer, schedule, data "
                            "order, every rank's RNG)")
     ctx.measure("resume_max_loss_difference", worst, "nats")
+    ctx.measure("resumed_ranks", len(resumed), "ranks")
+    ctx.measure("resumed_steps", len(next(iter(resumed.values()))["losses"]) if resumed else 0, "steps")
     other = jobs.plan.reshard_world_size
     ctx.measure("reshard_world_size", other, "ranks")
     reshard = jobs.reshard()

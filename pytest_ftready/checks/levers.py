@@ -15,6 +15,7 @@ def advice(ctx) -> None:
     state = ctx.state
     step = state.step
     levers = state.levers  # forecast.levers: traced where the forecast runs, else estimated
+    ctx.measure("levers_considered", len(levers), "levers")
     for lever in levers:
         ctx.measure(f"saves[{lever.name}]", lever.saves_bytes, "bytes", estimate=True)
         ctx.measure(f"saves_how[{lever.name}]", lever.how, "")
@@ -97,7 +98,9 @@ def sweep(ctx) -> None:
                             rounds=ctx.recipe.checks.benchmark_rounds)
     if step.out_of_memory:
         ctx.measure("out_of_memory", True, "")
-        return
+        setting = "the recipe's own setting" if not ctx.param else ", ".join(f"{k} = {v!r}" for k, v in ctx.param.items())
+        raise Fail(f"{setting} runs out of memory on {ctx.device.name}: {step.out_of_memory}. This variant does not "
+                   "fit here; keep it out of the run's settings")
     ctx.measure("peak_memory", step.peak_bytes, "bytes")
     ctx.measure("tokens_per_s", step.tokens_per_s, "tokens/s")
     ctx.measure("step_seconds", step.step_seconds, "s")

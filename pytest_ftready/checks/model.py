@@ -3,7 +3,7 @@ Both ask the session for the fact (measured once by the engine) and judge it."""
 
 from __future__ import annotations
 
-from ..outcomes import Fail
+from ..outcomes import Fail, Skip
 from ..outputs.forecast_text import levers_text
 from ..units import human_bytes
 from .registry import STAGES, check
@@ -44,6 +44,19 @@ def step_memory(ctx) -> None:
         raise Fail(f"the worst-case step needs {human_bytes(step.peak_bytes)} but {ctx.device.name} offers "
                    f"{human_bytes(usable)} ({human_bytes(capacity)} less the {headroom:.0%} memory_headroom).\n"
                    f"Levers for this recipe:\n{levers_text(state.levers)}")
+    host_total = ctx.machine.host.memory_total_bytes
+    if host_total:
+        host_usable = int(host_total * (1 - headroom))
+        ctx.measure("host_memory_usable", host_usable, "bytes")
+        if step.host_peak_bytes > host_usable:
+            raise Fail(f"the worst-case step's own host peak is {human_bytes(step.host_peak_bytes)} ({step.host_method}) "
+                       f"but this machine offers {human_bytes(host_usable)} of RAM ({human_bytes(host_total)} less the "
+                       f"{headroom:.0%} memory_headroom): lower micro_batch_size or max_length, or run where there "
+                       "is more RAM")
+    unjudged = [what for what, known in (("the device's capacity", capacity), ("the host's memory", host_total))
+                if not known]
+    if unjudged:
+        raise Skip(f"{' and '.join(unjudged)} unknown here: the step's peaks are recorded but not compared")
 
 
 @check("model.overfit", stage=STAGES["model.overfit"], requires=("data.masking", "model.step_memory"))

@@ -54,17 +54,28 @@ def private_paths(state) -> list[Path]:
 def permissions(ctx) -> None:
     """Data, caches, logs, checkpoints and adapters are not reachable by group or others."""
     checked, exposed = 0, []
-    for path in walk(private_paths(ctx.state)):
+    paths = walk(private_paths(ctx.state))
+    for path in paths:
         checked += 1
         found = exposure(path)
         if found:
             exposed.append(found)
     ctx.measure("paths_checked", checked, "paths")
     ctx.measure("paths_exposed", len(exposed), "paths")
+    problems = []
     if exposed:
         shown = "\n  ".join(e.describe() for e in exposed[:MAX_LISTED])
         more = f"\n  and {len(exposed) - MAX_LISTED} more" if len(exposed) > MAX_LISTED else ""
-        raise Fail(f"{len(exposed)} path(s) readable or writable beyond their owner:\n  {shown}{more}")
+        problems.append(f"{len(exposed)} path(s) readable or writable beyond their owner:\n  {shown}{more}")
+    if paths.unreadable:
+        ctx.measure("folders_unreadable", len(paths.unreadable), "folders")
+        problems.append(f"{len(paths.unreadable)} folder(s) could not be listed, so what is inside was not checked: "
+                        + ", ".join(paths.unreadable[:5]) + "; make them readable by the user running the checks")
+    if problems:
+        raise Fail("\n".join(problems))
+    if not checked:
+        raise Skip("none of the data, model, artifact or output paths exists yet: nothing to check ("
+                   + ", ".join(str(p) for p in paths.missing[:5]) + ")")
 
 
 def _scan_check(ctx, category: str) -> None:
@@ -79,6 +90,8 @@ def _scan_check(ctx, category: str) -> None:
     report = [f for f in mine if f.finding.fingerprint not in allow]
     ctx.measure("files_scanned", files, "files")
     ctx.measure("bytes_scanned", scanned, "bytes")
+    ctx.measure("binary_files_scanned", scan.binary_files, "files")
+    ctx.measure("paths_not_scanned", len(scan.not_scanned), "paths")
     ctx.measure("scan_mb_per_s", scanned / 1e6 / seconds if seconds else 0.0, "MB/s")
     ctx.measure(f"{category}_findings", len(report), "findings")
     ctx.measure(f"{category}_allowlisted", len(accepted), "findings")
@@ -90,6 +103,13 @@ def _scan_check(ctx, category: str) -> None:
                       if recipe.privacy.allowlist else "; accept known ones by fingerprint in [privacy] allowlist")
         raise Fail(f"{len(report)} {'secret' if category == 'secrets' else 'personal data'} finding(s) "
                    f"({', '.join(kinds)}):\n  {shown}{more}\nRemove or redact them before training{allow_hint}")
+    missed = "\n  ".join(scan.not_scanned[:MAX_LISTED])
+    if not files:
+        raise Skip(f"nothing was scanned for {category}: no file under the training data or [privacy] scan_paths"
+                   + (f":\n  {missed}" if missed else ""))
+    if scan.not_scanned:
+        raise Fail(f"{len(scan.not_scanned)} training data or [privacy] scan_paths entr(ies) could not be scanned:\n  "
+                   f"{missed}\nCorrect the path in the recipe, or remove it from scan_paths")
 
 
 @check("privacy.secrets", stage=STAGES["privacy"] + 2)
@@ -109,7 +129,7 @@ def retention(ctx) -> None:
     """Backups are declared encrypted (and are); a retention period is declared; nothing outlives it."""
     recipe, state = ctx.recipe, ctx.state
     privacy = recipe.privacy
-    problems = []
+    problems, unseen = [], ""
     backups = privacy.backups
     if not backups:
         problems.append("no backup policy: write [privacy] backups = { path = \"backups/\", encrypted = true }")
@@ -118,20 +138,29 @@ def retention(ctx) -> None:
                         "write encrypted = true")
     else:
         folder = (recipe.folder / backups["path"]).resolve()
-        plain = [p for p in walk([folder]) if p.is_file() and not looks_encrypted(p)]
+        backup_files = [p for p in walk([folder]) if p.is_file()]
+        plain = [p for p in backup_files if not looks_encrypted(p)]
+        ctx.measure("backup_files_checked", len(backup_files), "files")
         ctx.measure("backup_files_plain", len(plain), "files")
         if plain:
             problems.append(f"{len(plain)} backup file(s) in {folder} are not encrypted, e.g. "
                             + ", ".join(str(p) for p in plain[:5]))
+        if not folder.exists():
+            unseen = (f"the backups folder {folder} ([privacy] backups path = \"{backups['path']}\") does not exist, so "
+                      "no backup was checked: point path at where the backups are written")
     if not privacy.retention_days:
         problems.append("no retention period: write [privacy] retention_days = 90 (or what your policy says)")
     else:
         cutoff = time.time() - privacy.retention_days * 86400
         roots = [recipe.training.output_dir, state.artifacts, *privacy.scan_paths]
-        old = [p for p in walk(roots) if p.is_file() and p.stat().st_mtime < cutoff]
+        artifacts = [p for p in walk(roots) if p.is_file()]
+        old = [p for p in artifacts if p.stat().st_mtime < cutoff]
+        ctx.measure("artifact_files_checked", len(artifacts), "files")
         ctx.measure("files_past_retention", len(old), "files")
         if old:
             problems.append(f"{len(old)} artifact(s) are older than retention_days = {privacy.retention_days}: delete "
                             "or archive them, e.g. " + ", ".join(str(p) for p in old[:5]))
     if problems:
         raise Fail("\n".join(problems))
+    if unseen:
+        raise Skip(unseen)

@@ -15,6 +15,7 @@ def environment(ctx) -> None:
     path = ctx.state.run.gate.write_json(ctx.state.artifacts / "environment.json", record)
     for name, value in suite_properties(machine).items():
         ctx.suite_property(name, value)
+    ctx.measure("packages_recorded", len(record["packages"]), "packages")
     ctx.measure("cpu_cores", machine.host.cores_logical, "cores")
     ctx.measure("host_memory_total", machine.host.memory_total_bytes, "bytes")
     for gpu in machine.gpus:
@@ -58,8 +59,12 @@ def pins(ctx) -> None:
                    "requirements.lock) or packages = { torch = \"...\" }")
 
 
+SEED_MAX = 2 ** 32 - 1  # numpy's legacy generator (np.random.seed) takes no larger seed
+
+
 def seeds_applied(seed: int) -> list[str]:
-    """Seed torch, python and numpy as training does, and verify each generator took it."""
+    """Seed torch, python and numpy as training does, and verify each generator took it: the
+    names of those that did not, each with why."""
     import random
 
     import numpy as np
@@ -67,7 +72,10 @@ def seeds_applied(seed: int) -> list[str]:
 
     from ..engine.batches import seed_everything
 
-    seed_everything(seed)
+    try:
+        seed_everything(seed)
+    except (ValueError, OverflowError, RuntimeError) as exc:  # training would stop at its first line
+        return [f"training's seeding ({type(exc).__name__}: {exc})"]
     drawn = (random.random(), float(np.random.rand()), float(torch.rand(1)))
     expected = (random.Random(seed).random(), float(np.random.RandomState(seed).rand()),
                 float(torch.rand(1, generator=torch.Generator().manual_seed(seed))))
@@ -87,8 +95,10 @@ def config(ctx) -> None:
     ctx.user_properties.append(("config_json", str(path)))
     ctx.measure("seed", seed, "")
     failed = seeds_applied(seed)
+    ctx.measure("generators_checked", 3, "generators")  # torch, python, numpy
     if failed:
-        raise Fail(f"seeding with {seed} did not reach the {', '.join(failed)} generator(s)")
+        raise Fail(f"[training] seed = {seed} did not reach {', '.join(failed)}: write a seed between 0 and "
+                   f"{SEED_MAX} (numpy's range), which torch, python and numpy all take")
 
 
 @check("repro.manifest", stage=STAGES["repro"] + 2)

@@ -119,15 +119,20 @@ def precision(ctx) -> None:
         raise Skip("MLX chooses its own kernels; precision is checked by mlx-lm at load time")
     rows = {r["name"]: r for r in load("compute")["precision"]}
     problems = []
+    ctx.measure("precisions_checked", len(precisions(recipe)), "precisions")
     for name in precisions(recipe):
         row = rows[name]
         problem = precision_problem(name, row, machine, device)
         if problem:
             problems.append(f"{problem}; use {row['instead']}")
-    if device.kind == "cpu" and recipe.model.dtype == "bfloat16":
-        ctx.measure("cpu_bf16_native", any(f in machine.host.cpu_flags for f in ("avx512_bf16", "amx_bf16")), "")
+    cpu_bf16 = device.kind == "cpu" and recipe.model.dtype == "bfloat16"
+    if cpu_bf16:
+        ctx.measure("cpu_bf16_native", bool(set(rows["bfloat16"]["cpu_flags"]) & set(machine.host.cpu_flags)), "")
     if problems:
         raise Fail("\n".join(problems))
+    if cpu_bf16 and not machine.host.cpu_flags:
+        raise Skip("this CPU's feature flags could not be read (no /proc/cpuinfo): whether its bfloat16 is native "
+                   "or emulated is not known")
 
 
 @check("stack.kernels", stage=STAGES["stack"] + 3)
@@ -139,6 +144,7 @@ def kernels(ctx) -> None:
     rows = {r["name"]: r for r in load("compute")["kernel"]}
     required = required_kernels(recipe)
     ctx.measure("kernels_required", ", ".join(n for n, _ in required) or "none", "")
+    ctx.measure("kernels_checked", len(required), "kernels")
     if recipe.model.attn_implementation == "sdpa":
         ctx.measure("sdpa_backends", sdpa_backends(machine, device, recipe.model.dtype), "")
     problems = [p for name, why in required if (p := kernel_problem(rows[name], why, recipe, machine, device))]
@@ -216,6 +222,7 @@ def smoke(ctx) -> None:
     error = float((out - reference).abs().max() / reference.abs().max())
     tolerance = {"float32": 5e-3, "float16": 2e-2, "bfloat16": 6e-2}[ctx.recipe.model.dtype]
     ctx.measure("smoke_relative_error", error, "")
+    ctx.measure("smoke_elements", out.numel(), "elements")
     if not error <= tolerance:
         raise Fail(f"a {ctx.recipe.model.dtype} matmul on {device} is wrong: relative error {error:.3g} > {tolerance}")
 
@@ -229,7 +236,7 @@ def known_bugs(ctx) -> None:
         situation = replace(situation, model_type=_model_type(recipe))
     verdicts = judge_all(situation)
     by_state = {state: [v for v in verdicts if v.state == state] for state in ("applies", "may_apply", "unknown")}
-    ctx.measure("known_bugs_considered", len(verdicts), "")
+    ctx.measure("known_bugs_considered", len(verdicts), "bugs")
     ctx.measure("known_bugs_applying", ", ".join(v.bug.id for v in by_state["applies"]) or "none", "")
     if by_state["may_apply"]:
         ctx.measure("known_bugs_may_apply", "; ".join(v.line() for v in by_state["may_apply"]), "")

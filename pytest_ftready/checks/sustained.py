@@ -26,6 +26,7 @@ def throughput(ctx) -> None:
     median_rate = percentile(rates, 0.5)
     seconds = [s.seconds for s in steps]
     ctx.measure("windows", len(rates), "windows")
+    ctx.measure("steps_measured", len(steps), "steps")
     ctx.measure("tokens_per_s_first_window", rates[0], "tokens/s")
     ctx.measure("tokens_per_s_best_early_window", rates[best], "tokens/s")
     ctx.measure("tokens_per_s_last_window", rates[-1], "tokens/s")

@@ -96,21 +96,35 @@ def _mode(path: Path) -> int:
         return 0
 
 
-def walk(paths: Iterable[Path], limit: int = 100_000) -> Iterator[Path]:
-    """The paths themselves and, for folders, everything inside (bounded)."""
-    count = 0
-    for root in paths:
-        root = Path(root)
-        if not root.exists():
-            continue
-        yield root
-        if root.is_dir():
-            for dirpath, dirnames, filenames in os.walk(root):
-                for name in dirnames + filenames:
-                    count += 1
-                    if count > limit:
-                        return
-                    yield Path(dirpath) / name
+class Walk:
+    """The paths under ``roots``: each root itself and, for a folder, everything inside it, with
+    no limit. Iterate it once; afterwards ``missing`` holds the roots that do not exist and
+    ``unreadable`` the folders that could not be listed (with why), so that a check says what it
+    did not see instead of passing on it."""
+
+    def __init__(self, roots: Iterable[Path]):
+        self.roots = [Path(root) for root in roots]
+        self.missing: list[Path] = []
+        self.unreadable: list[str] = []
+
+    def __iter__(self) -> Iterator[Path]:
+        for root in self.roots:
+            if not root.exists():
+                self.missing.append(root)
+                continue
+            yield root
+            if root.is_dir():
+                for dirpath, dirnames, filenames in os.walk(root, onerror=self._unreadable):
+                    for name in dirnames + filenames:
+                        yield Path(dirpath) / name
+
+    def _unreadable(self, error: OSError) -> None:
+        self.unreadable.append(f"{error.filename} ({error.strerror or type(error).__name__})")
+
+
+def walk(paths: Iterable[Path]) -> Walk:
+    """The paths themselves and, for folders, everything inside (``Walk``)."""
+    return Walk(paths)
 
 
 # ---- scanning --------------------------------------------------------------------------------
@@ -140,8 +154,6 @@ def scan_file(path: Path, categories: frozenset[str], learn: Optional[Learn] = N
                     yield from _scan_value(str(path), item.line, item.data, categories, learn=learn)
             if read is not None:
                 read(chunk.size)
-        return
-    if _is_binary(path):
         return
     with open(path, "rb") as handle:
         for number, line in candidate_lines(handle, read=read):
@@ -178,7 +190,8 @@ def _starts_with(path: Path, prefix: bytes) -> bool:
         return handle.read(64).lstrip().startswith(prefix)
 
 
-def _is_binary(path: Path) -> bool:
+def is_binary(path: Path) -> bool:
+    """A NUL byte in the first 8 KiB (how git and grep tell binary files)."""
     with open(path, "rb") as handle:
         return b"\0" in handle.read(8192)
 
@@ -205,18 +218,31 @@ class ScanResult:
     bytes_scanned: int
     seconds: float
     files: int
+    binary_files: int = 0  # files with a NUL byte in their first 8 KiB (scanned as text all the same)
+    not_scanned: tuple = ()  # "path: why" for each root or entry that could not be scanned
 
 
 def scan_paths(roots: Iterable[Path], categories: frozenset[str], allowlist: Optional[str],
                learn: Optional[Callable[[str], None]] = None,
                progress: Optional[Callable[[str], None]] = None) -> ScanResult:
     """Scan every file under ``roots`` once for every category; the allowlist read alongside.
-    ``learn`` receives each finding's value (the output gate), which no result carries."""
+    ``learn`` receives each finding's value (the output gate), which no result carries. What
+    could not be scanned (a root that does not exist, a FIFO or socket, a folder that cannot
+    be listed) is named in ``not_scanned``, never silently left out."""
     from .scan import load_allowlist
 
-    files = [p for p in walk(roots) if p.is_file()]
+    paths = walk(roots)
+    files, not_scanned = [], []
+    for path in paths:
+        if path.is_file():
+            files.append(path)
+        elif not path.is_dir():
+            not_scanned.append(f"{path}: not a regular file or folder (a FIFO, socket or device cannot be scanned)")
+    not_scanned += [f"{path}: does not exist" for path in paths.missing]
+    not_scanned += [f"{folder}: could not be listed" for folder in paths.unreadable]
     found, scanned, seconds = scan_files(files, categories, learn=learn, progress=progress)
-    return ScanResult(found, load_allowlist(allowlist), scanned, seconds, len(files))
+    return ScanResult(found, load_allowlist(allowlist), scanned, seconds, len(files),
+                      sum(1 for path in files if is_binary(path)), tuple(not_scanned))
 
 
 # ---- backups -------------------------------------------------------------------------------

@@ -217,7 +217,10 @@ def resume_in_fresh_process(recipe, folder: Path, steps: int, total: int, torch_
 
 
 def compare_losses(straight: Sequence[float], resumed: Sequence[float], exact: bool) -> str:
-    """'' when they match, else what differs."""
+    """'' when they match, else what differs (a resumed run with fewer or more losses differs)."""
+    if len(resumed) != len(straight):
+        return (f"the resumed run returned {len(resumed)} loss(es) for the {len(straight)} step(s) after the checkpoint: "
+                "it stopped early or ran extra steps, so the saved step count or data position is wrong")
     tolerance = 0.0 if exact else 1e-3
     for i, (a, b) in enumerate(zip(straight, resumed)):
         if abs(a - b) > tolerance * max(1.0, abs(a)):

@@ -61,6 +61,10 @@ def overfit(recipe, examples: Sequence, pad_id: int, torch_device: str, shared_b
         if unchanged and len(unchanged) == len(after):
             raise Fail(f"no trainable parameter changed in {len(losses)} steps (learning_rate = "
                        f"{recipe.training.learning_rate}): the optimizer does not update the model")
+        if unchanged and len(losses) > 1:  # after one step LoRA's A has had no gradient yet (B starts at 0)
+            raise Fail(f"{len(unchanged)} of {len(after)} trainable parameters never changed in {len(losses)} steps, e.g. "
+                       f"{', '.join(unchanged[:3])}: they get no gradient or are not in the optimizer (a module "
+                       "outside the forward pass, or an optimizer built before the adapter was added)")
         answer = greedy(model, prompt_ids, checks.max_new_tokens, stop_ids, pad_id, torch_device)
         model.save_pretrained(ensure_private_dir(save_to))
     return OverfitResult(losses, losses[-1] <= checks.overfit_loss, save_to, list(prompt_ids), answer, example_where,

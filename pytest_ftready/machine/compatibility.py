@@ -67,9 +67,14 @@ def precision_problem(name: str, row: dict, machine, device) -> str:
         if version_tuple(build.version or "0") < version_tuple(row["mps_min_torch"]):
             return f"MPS bfloat16 needs torch >= {row['mps_min_torch']}; installed: {build.version}"
         return ""
-    # CPU: bf16 runs everywhere (emulated where AVX512-BF16/AMX is absent); TF32 has no meaning; FP8 does not train
+    # CPU: bf16 runs everywhere, but natively only with AVX512-BF16/AMX/Arm BF16 (else emulated, several
+    # times slower than float32); TF32 has no meaning; FP8 does not train. Unknown flags: the check skips.
     if name == "fp8":
         return "FP8 training needs a GPU (compute capability 8.9+ or MI300)"
+    flags = machine.host.cpu_flags
+    if name == "bfloat16" and flags and not set(row["cpu_flags"]) & set(flags):
+        return (f"this CPU ({machine.host.cpu_model or machine.host.machine}) has no native bfloat16 (none of "
+                f"{', '.join(row['cpu_flags'])} among its flags): torch emulates it, slower than float32")
     return ""
 
 

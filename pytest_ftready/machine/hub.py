@@ -87,14 +87,33 @@ class RealHub:
         snapshot = folder / "snapshots" / sha
         if not snapshot.is_dir():
             raise HubUnavailable(f"offline and {repo_id}@{revision} is not in the cache ({folder})")
-        files = tuple((str(p.relative_to(snapshot)), p.stat().st_size) for p in snapshot.rglob("*") if p.is_file())
-        return ModelFiles(sha=sha, files=files, source="cache")
+        return ModelFiles(sha=sha, files=files_on_disk(snapshot), source="cache")
+
+
+SHARD_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def index_shards(index: Path) -> list[str]:
+    """The shard files a ``*.index.json`` maps the weights to (none when it cannot be read)."""
+    import json
+
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map") or {}
+    except (OSError, ValueError, AttributeError):
+        return []
+    return sorted({str(name) for name in weight_map.values()})
+
+
+def files_on_disk(folder: Path) -> tuple[tuple[str, Optional[int]], ...]:
+    """The files under ``folder`` with their sizes, plus every shard its weight indexes name
+    (size None when absent): a folder holds what was downloaded, not what the model needs."""
+    on_disk = {str(p.relative_to(folder)): p.stat().st_size for p in Path(folder).rglob("*") if p.is_file()}
+    named = {shard: None for index in SHARD_INDEXES if index in on_disk for shard in index_shards(Path(folder) / index)}
+    return tuple((named | on_disk).items())
 
 
 def folder_files(folder: Path) -> ModelFiles:
-    folder = Path(folder)
-    files = tuple((str(p.relative_to(folder)), p.stat().st_size) for p in folder.rglob("*") if p.is_file())
-    return ModelFiles(sha="", files=files, source="folder")
+    return ModelFiles(sha="", files=files_on_disk(folder), source="folder")
 
 
 def free_bytes(path: Path) -> int:

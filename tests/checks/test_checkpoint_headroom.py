@@ -139,3 +139,42 @@ def test_tiny_headroom_passes_with_measured_figures_in_junit(pytester, tiny_exam
     eta = {p.get("name"): p.get("value") for p in cases["headroom.time"].iter("property")}
     assert disk["checkpoint_bytes[bytes]"] > 10_000 and disk["disk_free[bytes]"] > disk["run_disk_bytes[bytes]"]
     assert float(eta["throughput_used[tokens/s]"]) > 0 and 0 < float(eta["eta_with_margins[h]"]) < 1
+
+
+def test_offline_snapshot_lacking_a_shard_its_index_names_fails(hub_state, run_check, monkeypatch):
+    """Offline, the file list comes from the cache: the shard the index names but the disk lacks
+    is still needed (it was never drawn from what happens to be there)."""
+    import json
+
+    from huggingface_hub import constants
+
+    from pytest_ftready.machine.hub import RealHub, repo_cache_dir
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    snapshot = repo_cache_dir("meta-llama/Llama-3.1-8B-Instruct") / "snapshots" / SHA
+    snapshot.mkdir(parents=True)
+    shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", shards[0]):
+        (snapshot / name).write_text("{}")
+    (snapshot / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": shards[0], "b": shards[1]}}))
+    state = hub_state(hub=RealHub())
+    with pytest.raises(Fail, match=f"lacks {shards[1]}"):
+        run_check(state, "checkpoint.files")
+    measured = {m.name: m.value for m in state.run.measurements if m.check == "checkpoint.files"}
+    assert measured["file_list_source"] == "cache" and measured["files_listed"] == 6
+    with pytest.raises(Skip, match=f"no size known for {shards[1]} \\(the file list came from the cache, where"):
+        run_check(state, "checkpoint.disk")
+    (snapshot / shards[1]).write_text("{}")
+    run_check(hub_state(hub=RealHub()), "checkpoint.files")
+
+
+def test_a_local_model_folder_lacking_a_shard_fails(make_state, run_check, tiny_example):
+    import json
+
+    from tests.helpers import private_model
+
+    model = private_model(tiny_example)  # with an index naming a shard it lacks
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "model-00002-of-00002.safetensors"}}))
+    state = make_state()
+    with pytest.raises(Fail, match="lacks model-00002-of-00002.safetensors, named by its weight index"):
+        run_check(state, "checkpoint.files")

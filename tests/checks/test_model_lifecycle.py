@@ -122,16 +122,10 @@ def test_checkpoint_missing_a_piece_of_state_is_named(resumable):
 
 
 def test_packing_that_leaks_across_examples_fails(make_state, monkeypatch, run_check):
-    from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from tests.planted import leaky_attention
 
-    def leaky(module, query, key, value, attention_mask, **kwargs):
-        kwargs.pop("is_causal", None)
-        return sdpa_attention_forward(module, query, key, value, None, is_causal=True, **kwargs)
-
-    AttentionInterface.register("leaky_causal", leaky)
     state = make_state(packing="true")
-    state.model.set_attn_implementation("leaky_causal")
+    state.model.set_attn_implementation(leaky_attention())
     with pytest.raises(Fail, match="lets packed examples attend across their boundaries"):
         run_check(state, "data.packing")
     state.model.set_attn_implementation("eager")

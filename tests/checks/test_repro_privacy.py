@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ftready.outcomes import Fail
+from pytest_ftready.outcomes import Fail, Skip
 from tests.helpers import fails
 from tests import planted
 
@@ -119,9 +119,13 @@ def test_license_allowed_not_allowed_and_unknown(make_state, run_check, tiny_exa
 
 def test_retention_and_backups(make_state, run_check, tiny_example):
     state = make_state()
-    run_check(state, "privacy.retention")
+    with pytest.raises(Skip, match=r"the backups folder .*backups \(\[privacy\] backups path = \"backups\"\) does not "
+                                   r"exist, so no backup was checked"):
+        run_check(state, "privacy.retention")  # a declared folder that is not there: nothing looked at, no pass
     backups = tiny_example / "backups"
     backups.mkdir()
+    measured = {m.name: m.value for m in run_check(state, "privacy.retention").measured}
+    assert measured["backup_files_checked"] == 0 and "artifact_files_checked" in measured
     (backups / "train.jsonl.bak").write_text('{"messages": []}\n' * 100)
     (backups / "train.jsonl.age").write_bytes(b"age-encryption.org/v1\n" + os.urandom(2048))
     old = state.artifacts / "old.log"
@@ -174,3 +178,51 @@ def test_allowlist_accepts_known_findings_by_fingerprint(make_state, run_check, 
         run_check(state, "privacy.pii")
     measured = {m.name: m.value for m in state.run.measurements if m.check == "privacy.pii"}
     assert measured["pii_allowlisted"] == 1
+
+
+# ---- what the scans and walks did not look at ----------------------------------------------------
+def test_a_key_in_a_file_with_a_nul_byte_is_found_and_the_file_counted_as_binary(make_state, run_check, tiny_example):
+    logs = tiny_example / "logs"
+    logs.mkdir()
+    (logs / "crash.log").write_bytes(b"core\0dump\n" + f"export KEY={planted.SECRETS['aws_access_key_id']}\n".encode())
+    recipe = tiny_example / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace("retention_days = 90", 'retention_days = 90\nscan_paths = ["logs"]'))
+    state = make_state()
+    fails(run_check, state, "privacy.secrets", "1 secret finding(s) (aws_access_key_id)", "crash.log:2")
+    measured = {m.name: m.value for m in state.run.measurements if m.check == "privacy.secrets"}
+    assert measured["binary_files_scanned"] == 1 and measured["files_scanned"] == 2
+
+
+def test_a_scan_path_that_does_not_exist_fails_naming_it(make_state, run_check, tiny_example):
+    recipe = tiny_example / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace("retention_days = 90", 'retention_days = 90\nscan_paths = ["logz"]'))
+    state = make_state()
+    fails(run_check, state, "privacy.pii", "1 training data or [privacy] scan_paths entr(ies) could not be scanned",
+          f"{tiny_example / 'logz'}: does not exist", "remove it from scan_paths")
+
+
+def test_a_fifo_as_training_data_is_not_a_passed_scan(make_state, run_check, tiny_example):
+    fifo = tiny_example / "data" / "pipe.jsonl"
+    os.mkfifo(fifo)
+    state = make_state(train=f'["{fifo}"]')
+    with pytest.raises(Skip, match=r"nothing was scanned for secrets: no file .*\n  .*pipe.jsonl: not a regular file"):
+        run_check(state, "privacy.secrets")
+
+
+def test_walks_cover_every_root_and_name_what_they_could_not_list(tmp_path):
+    from pytest_ftready.data.audit import walk
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    (first / "locked").mkdir(parents=True)
+    second.mkdir()
+    (second / "last.txt").write_text("x")
+    (first / "locked").chmod(0)
+    try:
+        paths = walk([first, tmp_path / "missing", second])
+        seen = list(paths)
+    finally:
+        (first / "locked").chmod(0o700)
+    assert second / "last.txt" in seen  # every root is walked, whatever came before it
+    assert paths.missing == [tmp_path / "missing"]
+    if os.geteuid() != 0:  # root lists any folder
+        assert paths.unreadable and "locked" in paths.unreadable[0]

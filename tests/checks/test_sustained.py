@@ -78,8 +78,8 @@ def test_windows_and_drop():
 def gpu_state(make_state, monkeypatch):
     """The tiny recipe on a described H100 whose telemetry comes from a fake NVML module, and
     whose training loop is replaced by a synthetic series (the thing under test is the check)."""
-    def make(rates, heating=True):
-        state = make_state(machine=fakes.nvidia(), max_throughput_drop="0.10", window_seconds="30")
+    def make(rates, heating=True, **edits):
+        state = make_state(machine=fakes.nvidia(), **({"max_throughput_drop": "0.10", "window_seconds": "30"} | edits))
         nvml = HeatingNvml(heating)
         state.run.telemetry_factory = lambda device, machine: ([NvmlSource(0, nvml=nvml)], [])
 
@@ -108,9 +108,20 @@ def test_a_30_percent_sag_with_thermal_throttling_fails_both_checks(gpu_state, r
         run_check(state, "sustained.throughput")
     with pytest.raises(Fail) as info:
         run_check(state, "sustained.thermal")
-    assert "the GPU reached 79 C" not in str(info.value)
+    hottest = max(value for _, value in state.series["sustained.throughput"]["temperature_c"])
+    assert hottest > 87  # heating from 61 C by 1 C a reading
+    assert f"the GPU reached {hottest:.0f} C (limit max_temperature_c 87)" in str(info.value)
     assert "SwThermalSlowdown from" in str(info.value) and "HwThermalSlowdown from" in str(info.value)
     assert state.series["sustained.throughput"]["temperature_c"][0][1] == 61
+
+
+def test_throttling_under_the_temperature_limit_fails_on_the_throttling_alone(gpu_state, run_check):
+    state = gpu_state([1000] * 10, max_throughput_drop="0.10\nmax_temperature_c = 99")  # ~92 C: under the limit, throttled from 85 C
+    run_check(state, "sustained.throughput")
+    with pytest.raises(Fail) as info:
+        run_check(state, "sustained.thermal")
+    assert str(info.value).startswith("clocks were throttled: SwThermalSlowdown from")
+    assert "the GPU reached" not in str(info.value)
 
 
 def test_hot_gpu_over_its_limit_fails_thermal_with_the_time(gpu_state, run_check, edit_recipe, tiny_example):

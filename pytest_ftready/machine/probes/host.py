@@ -18,7 +18,7 @@ def _cpu_model_and_flags() -> tuple[str, tuple[str, ...]]:
                 key = key.strip()
                 if key == "model name" and model in ("", platform.machine(), platform.processor()):
                     model = value.strip()
-                elif key == "flags" and not flags:
+                elif key in ("flags", "Features") and not flags:  # x86 names them flags, arm64 Features
                     flags = tuple(value.split())
     except OSError:
         pass
