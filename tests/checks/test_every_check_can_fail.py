@@ -63,10 +63,10 @@ def _bad_row(rows):
 
 
 def _stops_early(kit):
-    from pytest_ftready.engine import memory_forecast
+    from pytest_ftready.forecast import trace
 
-    real = memory_forecast.measured_step_peak
-    kit.monkeypatch.setattr(memory_forecast, "measured_step_peak", lambda *a, **k: 2 * real(*a, **k))  # a forecast 50 % low
+    real = trace.measured_step_peak
+    kit.monkeypatch.setattr(trace, "measured_step_peak", lambda *a, **k: 2 * real(*a, **k))  # a forecast 50 % low
     return kit.make_state()
 
 
@@ -193,7 +193,7 @@ PLANTS: dict[str, tuple[Callable, str]] = {
     "data.lengths": (lambda k: k.make_state(max_length="1024"), "exceeds the model's max_position_embeddings 512"),
     "data.packing": (_leaky_packing, "lets packed examples attend across their boundaries"),
     "model.memory_forecast": (lambda k: k.make_state(memory_headroom='0.10\ntarget = "GTX 9000"'),
-                              "is neither a size"),  # tests/engine/test_memory_forecast.py plants "does not fit"
+                              "is neither a size"),  # tests/forecast/test_trace.py plants "does not fit"
     "model.forecast_error": (_stops_early, "off the measured"),
     "model.step_memory": (lambda k: k.make_state(machine=k.machine_with(memory_total_bytes=4 * 1024 ** 2)),
                           "the worst-case step needs"),

@@ -61,14 +61,14 @@ CONTRACT: dict[str, dict[str, str]] = {
         "pytest_ftready_pipeline": "tests/checks/test_pipelines.py::test_a_conftest_pipeline_hook_is_what_data_masking_checks",
     },
     "command": {
-        "ftready-forecast": "tests/engine/test_memory_forecast.py::test_command_prints_the_table_and_exits_by_the_verdict",
+        "ftready-forecast": "tests/forecast/test_levers.py::test_command_prints_the_table_and_exits_by_the_verdict",
         "ftready-manifest": "tests/checks/test_repro_privacy.py::test_manifest_match_change_missing_and_written_then_verified",
         "ftready-tiny": "test_ftready_tiny_writes_a_runnable_example_anywhere",
         "ftready-init": "tests/test_starter.py::test_a_starting_recipe_for_the_tiny_model_is_valid_and_marks_what_it_could_not_read",
     },
     "exit code": {
         "ftready-forecast: exit 0 fits, 1 does not, 2 cannot tell":
-            "tests/engine/test_memory_forecast.py::test_command_prints_the_table_and_exits_by_the_verdict",
+            "tests/forecast/test_levers.py::test_command_prints_the_table_and_exits_by_the_verdict",
     },
     "artifact": {
         **{name: "test_every_artifact_is_written_private" for name in (
@@ -96,7 +96,7 @@ CONTRACT: dict[str, dict[str, str]] = {
         'pip install torch==2.13.0 -e ".[test]" && python -m pytest_ftready.tiny examples/tiny && '
         "pytest --ftready=examples/tiny/recipe.toml": "test_ci_runs_the_readmes_first_commands",
         'ftready-forecast recipe.toml --target "RTX 4090"':
-            "tests/engine/test_memory_forecast.py::test_command_prints_the_table_and_exits_by_the_verdict",
+            "tests/forecast/test_levers.py::test_command_prints_the_table_and_exits_by_the_verdict",
         "pytest --ftready=recipe.toml": "test_every_documented_name_has_a_test_and_every_tested_name_is_documented",
         "[tool.pytest.ini_options]": "test_settings_say_where_they_came_from_cli_over_env_over_ini",
         "import pytest": "test_the_readme_example_runs_as_written",
