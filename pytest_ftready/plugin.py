@@ -228,11 +228,13 @@ def pytest_sessionfinish(session) -> None:
     from .collect import recipe_runs
     from .outputs import measurements, report, summary
 
+    from .files import remove_dead_scratch
     from .outcomes import Fail
 
     for state in [*run.recipes.values(), *run.variants.values()]:
         if "scratch" in vars(state):  # this run's checkpoints and trained weights
             shutil.rmtree(state.scratch, ignore_errors=True)
+        remove_dead_scratch(state.artifacts)  # and those of earlier runs killed before they could clean up
     records = recipe_runs(session.config, getattr(session, "items", []))
     reports = {}
     gate = run.gate

@@ -110,12 +110,11 @@ class RecipeState:
     def scratch(self) -> Path:
         """This run's own working folder inside the artifacts folder (checkpoints, trained
         weights): two runs sharing an artifacts folder never touch each other's work. The
-        plugin removes it at the end of the session."""
-        import tempfile
+        plugin removes it at the end of the session; the next run removes those of runs killed
+        before they could."""
+        from ..files import scratch_dir
 
-        from ..files import ensure_private_dir
-
-        return Path(tempfile.mkdtemp(prefix=".run-", dir=ensure_private_dir(self.artifacts)))
+        return scratch_dir(self.artifacts)
 
     @cached_property
     def device(self) -> Device:
