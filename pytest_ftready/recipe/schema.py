@@ -365,6 +365,9 @@ class _Parser:
         if key.must_exist and not exists:
             raise self.fail(where, f"{_shown(raw)} does not exist (looked for {_clip(str(resolved), 300)}); "
                             "fix the path, relative to the recipe's folder")
+        if key.must_exist and not (resolved.is_file() or resolved.is_dir()):  # reading a FIFO blocks, a device never ends
+            raise self.fail(where, f"{_shown(raw)} is not a regular file (a FIFO, socket or device): write it to a "
+                            "file on disk and point the recipe at that file")
         return resolved
 
     def path_values(self, where: str, raw: str, key: Key) -> list:

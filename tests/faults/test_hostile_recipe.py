@@ -28,6 +28,14 @@ def _symlink_loop(folder):
     (folder / "data" / "b.jsonl").symlink_to(folder / "data" / "a.jsonl")
 
 
+def _fifo_train(folder):
+    os.mkfifo(folder / "data" / "fifo.jsonl")
+
+
+def _fifo_template(folder):
+    os.mkfifo(folder / "chat.jinja")
+
+
 def _fifo_recipe(folder):
     os.mkfifo(folder / "recipe.toml")
 
@@ -87,6 +95,13 @@ CASES = [
     ("train-empty-list", MODEL + "[data]\ntrain = []\n", None, ["[data] train: expected at least one file"]),
     ("train-a-number", MODEL + "[data]\ntrain = 3\n", None, ["[data] train: expected a list of path strings, got 3 (int)"]),
     ("train-missing-key", MODEL + "[data]\nformat = \"messages\"\n", None, ["[data] train: missing"]),
+    ("train-is-a-fifo", MODEL + '[data]\ntrain = ["data/fifo.jsonl"]\n', _fifo_train,
+     ["[data] train: 'data/fifo.jsonl' is not a regular file (a FIFO, socket or device)"]),
+    ("train-is-dev-zero", MODEL + '[data]\ntrain = ["/dev/zero"]\n', None, ["[data] train: '/dev/zero' is not a regular file"]),
+    ("chat-template-is-a-fifo", MODEL + GOOD_DATA.replace("\n", '\nchat_template = "chat.jinja"\n', 1), _fifo_template,
+     ["[data] chat_template: 'chat.jinja' is not a regular file"]),
+    ("lockfile-is-dev-urandom", MODEL + GOOD_DATA + '[pins]\nlockfile = "/dev/urandom"\n', None,
+     ["[pins] lockfile: '/dev/urandom' is not a regular file"]),
     ("recipe-is-a-fifo", None, _fifo_recipe, ["is not a regular file (a FIFO, socket or device)"]),
     ("recipe-is-a-socket", None, _socket_recipe, ["is not a regular file"]),
     ("recipe-is-a-folder", None, _folder_recipe, ["is a folder; pass --ftready=PATH to a recipe.toml file"]),
