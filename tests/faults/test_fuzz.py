@@ -20,11 +20,23 @@ from pytest_ftready.recipe.schema import SCHEMA, TOP_KEYS, RecipeError, parse_re
 SCALE = int(os.environ.get("FTREADY_FUZZ_SCALE", "1"))  # e.g. 20 for a long night's fuzzing
 
 
-def fuzz(examples: int) -> settings:
-    """Reproducible runs of ``examples`` (times FTREADY_FUZZ_SCALE) inputs; no example database
-    written into the checkout."""
-    return settings(max_examples=examples * SCALE, database=None, deadline=None, derandomize=True,
-                    suppress_health_check=list(HealthCheck))
+def fuzzed(request, examples: int, strategy, body) -> int:
+    """Call ``body`` on ``examples`` (times FTREADY_FUZZ_SCALE) inputs drawn from ``strategy``,
+    reproducibly, writing no example database into the checkout; the count tried is recorded
+    as the test's ``fuzzed_inputs`` property and returned."""
+    tried = []
+
+    @settings(max_examples=examples * SCALE, database=None, deadline=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def run(value):
+        tried.append(1)
+        body(value)
+
+    run()
+    request.node.user_properties.append(("fuzzed_inputs", len(tried)))
+    assert len(tried) >= examples * SCALE
+    return len(tried)
 
 
 ANY_CHAR = st.characters(exclude_categories=())  # surrogates and control characters too
@@ -52,45 +64,26 @@ def _one_line(exc: RecipeError, path) -> None:
     assert message.startswith(f"Invalid recipe {path}") and "\n" not in message and len(message) <= 4100, message[:300]
 
 
-def test_fuzzed_recipe_tables_give_a_recipe_or_one_line(tmp_path, request):
-    (tmp_path / "train.jsonl").write_text('{"text": "x"}\n')
-    path = tmp_path / "recipe.toml"
-    tried = []
-
-    @fuzz(200)
-    @given(recipes)
-    def load(raw):
-        tried.append(raw)
+def _loads_or_one_line(load, path):
+    def body(value):
         try:
-            validate_recipe(raw, path)
+            load(value, path)
         except RecipeError as exc:
             _one_line(exc, path)
+    return body
 
-    load()
-    request.node.user_properties.append(("fuzzed_inputs", len(tried)))
-    assert len(tried) >= 200 * SCALE
+
+def test_fuzzed_recipe_tables_give_a_recipe_or_one_line(tmp_path, request):
+    (tmp_path / "train.jsonl").write_text('{"text": "x"}\n')
+    fuzzed(request, 200, recipes, _loads_or_one_line(validate_recipe, tmp_path / "recipe.toml"))
 
 
 def test_fuzzed_recipe_text_gives_a_recipe_or_one_line(tmp_path, request):
-    path = tmp_path / "recipe.toml"
-    tried = []
     lines = st.one_of(st.text(ANY_CHAR, max_size=60),
                       st.builds(lambda k, v: f"{k} = {json.dumps(v, ensure_ascii=False)}", st.sampled_from(KEYS),
                                 st.one_of(st.text(max_size=20), st.integers(), st.booleans(), st.lists(st.text(max_size=5)))),
                       st.sampled_from(["[model]", "[data]", "[training]", "[[data]]", "[data.train]", 'train = ["a"]']))
-
-    @fuzz(200)
-    @given(st.lists(lines, max_size=8).map("\n".join))
-    def parse(text):
-        tried.append(text)
-        try:
-            parse_recipe(text, path)
-        except RecipeError as exc:
-            _one_line(exc, path)
-
-    parse()
-    request.node.user_properties.append(("fuzzed_inputs", len(tried)))
-    assert len(tried) >= 200 * SCALE
+    fuzzed(request, 200, st.lists(lines, max_size=8).map("\n".join), _loads_or_one_line(parse_recipe, tmp_path / "recipe.toml"))
 
 
 json_values = st.recursive(
@@ -111,26 +104,17 @@ row_lines = st.one_of(
 def test_fuzzed_training_files_give_a_verdict_for_every_line(tmp_path, request):
     from tests.faults.test_hostile_rows import verdicts
 
-    tried = []
-
-    @fuzz(300)
-    @given(st.lists(row_lines, min_size=1, max_size=6), st.sampled_from([b"\n", b"\r\n"]))
-    def read(rows, newline):
-        tried.append(rows)
+    def read(drawn):
+        rows, newline = drawn
         path = tmp_path / "train.jsonl"
         data = newline.join(rows) + newline
         path.write_bytes(data)
-        if not data.strip():
-            assert verdicts(path) == []
-            return
         got = verdicts(path)
         assert all(where.startswith("train.jsonl:") and "\n" not in verdict for where, verdict in got)
         lines_with_text = {i + 1 for i, line in enumerate(data.split(b"\n")) if line.strip()}
-        assert {int(where.rsplit(":", 1)[1]) for where, _ in got} <= lines_with_text | {0}
+        assert {int(where.rsplit(":", 1)[1]) for where, _ in got} <= lines_with_text | ({0} if not data.strip() else set())
 
-    read()
-    request.node.user_properties.append(("fuzzed_inputs", len(tried)))
-    assert len(tried) >= 300 * SCALE
+    fuzzed(request, 300, st.tuples(st.lists(row_lines, min_size=1, max_size=6), st.sampled_from([b"\n", b"\r\n"])), read)
 
 
 @pytest.fixture(scope="module")
@@ -149,17 +133,15 @@ def test_fuzzed_rows_the_layout_accepts_encode_without_an_exception(tiny_encoder
     from pytest_ftready.data.rows import _parsed
     from pytest_ftready.data.verify import IGNORE_INDEX
 
-    tried, encoded = [], []
+    encoded = []
     chats = st.builds(lambda m, tools: {"messages": [*m, {"role": "assistant", "content": "ok"}],
                                         **({"tools": tools} if tools else {})},
                       messages, st.one_of(st.none(), st.lists(st.dictionaries(st.sampled_from(["name", "type", "function"]),
                                                                               json_values, max_size=3), max_size=2)))
+    plain = st.builds(lambda p, c: {"prompt": p, "completion": c}, st.text(ANY_CHAR, max_size=30),
+                      st.text(ANY_CHAR, min_size=1, max_size=30))
 
-    @fuzz(200)
-    @given(st.one_of(chats, st.builds(lambda p, c: {"prompt": p, "completion": c}, st.text(ANY_CHAR, max_size=30),
-                                      st.text(ANY_CHAR, min_size=1, max_size=30))))
     def encode(row):
-        tried.append(row)
         item = _parsed("train.jsonl", 1, json.dumps(row))  # as read from a file: lone surrogates are problems
         if not hasattr(item, "data"):
             return
@@ -170,6 +152,5 @@ def test_fuzzed_rows_the_layout_accepts_encode_without_an_exception(tiny_encoder
         assert all(label in (IGNORE_INDEX, token) for label, token in zip(e.labels, e.input_ids))
         encoded.append(e)
 
-    encode()
-    request.node.user_properties.append(("fuzzed_inputs", len(tried)))
-    assert len(tried) >= 200 * SCALE and len(encoded) >= 20 * SCALE  # many fuzzed rows really reached the tokenizer
+    fuzzed(request, 200, st.one_of(chats, plain), encode)
+    assert len(encoded) >= 20 * SCALE  # many fuzzed rows really reached the tokenizer
