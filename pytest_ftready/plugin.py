@@ -248,7 +248,8 @@ def pytest_sessionfinish(session) -> None:
         except Fail as exc:
             reporter = session.config.pluginmanager.get_plugin("terminalreporter")
             if reporter is not None:
-                reporter.write_line(f"ftready {state.recipe.name}: {exc}", red=True)
+                reporter.write_line(f"ftready {state.recipe.name}: {exc} (the run's artifacts are incomplete: "
+                                    "exit status 1 whatever the checks' outcomes)", red=True)
             session.exitstatus = session.exitstatus or pytest.ExitCode.TESTS_FAILED
     summary.append_step_summary([r for r in records if r.ran()], reports, gate=gate.text)
 

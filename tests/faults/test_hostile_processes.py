@@ -76,6 +76,20 @@ def test_cpu_allocator_out_of_memory_in_the_step_is_a_clear_failure(make_state, 
     assert state.step.out_of_memory
 
 
+def test_out_of_memory_while_loading_the_model_says_so(make_state, fails, monkeypatch):
+    from pytest_ftready.engine import loading
+
+    def load_a_petabyte(recipe, device):
+        import torch
+
+        torch.empty(1 << 50, dtype=torch.uint8)
+
+    monkeypatch.setattr(loading, "load_model", load_a_petabyte)
+    message = fails(make_state(), "model.step_memory")
+    assert message.startswith("out of memory loading the model from ") and "can't allocate memory" in message
+    assert "quantization" in message and "\n" not in message
+
+
 def test_an_error_that_is_not_out_of_memory_is_not_called_so(make_state, run_check, monkeypatch):
     from pytest_ftready.engine import step
 
