@@ -118,3 +118,20 @@ def test_lone_surrogate_row_is_named_by_data_format_and_left_out_of_the_rest(mak
                        "without its pair (a lone surrogate) is not Unicode text: fix the escape, or drop the row")
     for check in ("data.template", "data.masking", "data.lengths"):  # no TypeError from the tokenizer
         assert _measured(run_check(state, check))["rows_left_out"] == 1
+
+
+def test_secrets_in_the_fields_of_broken_rows_leave_through_no_message(make_state, fails, tiny_example):
+    from tests import planted
+
+    token, key, openai = (planted.SECRETS[k] for k in ("github_token", "aws_access_key_id", "openai_key"))
+    data = tiny_example / "data" / "train.jsonl"
+    lines = data.read_text().splitlines()
+    lines[1] = json.dumps({"messages": [{"role": token, "content": "hi"}, {"role": "assistant", "content": "x"}]})
+    lines[2] = json.dumps({key: "a row whose field name is a key"})  # "fields found: ..." quotes field names
+    lines[3] = '{"messages": [{"role": "user", "content": "' + openai + '"'  # malformed, the secret inside
+    data.write_text("\n".join(lines) + "\n")
+    state = make_state()
+    shown = state.run.gate.text(fails(state, "data.format"))  # what the plugin prints: the message through its gate
+    assert "train.jsonl:2: messages[0].role is '<github_token redacted>'" in shown
+    assert "train.jsonl:3:" in shown and "train.jsonl:4: not valid JSON" in shown
+    assert not any(secret in shown for secret in (token, key, openai))
