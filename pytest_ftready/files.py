@@ -101,21 +101,28 @@ def make_private(folder: Path) -> None:
                 os.chmod(path, 0o600)
 
 
-SCRATCH_PREFIX = ".run-"
-_SCRATCH = re.compile(r"\.run-(\d+)-")
+_SCRATCH = re.compile(r"\.run-(?P<host>[A-Za-z0-9._]+)-(?P<pid>\d+)-[a-z0-9_]+$")
+
+
+def scratch_prefix(pid: int | None = None) -> str:
+    """``.run-<host>-<pid>-``: a scratch folder's name says which process on which machine
+    made it (an artifacts folder on a shared disk may hold runs of several machines)."""
+    host = re.sub(r"[^A-Za-z0-9.]", "_", os.uname().nodename) or "host"
+    return f".run-{host}-{os.getpid() if pid is None else pid}-"
 
 
 def scratch_dir(parent: Path) -> Path:
-    """A new owner-only working folder ``.run-<pid>-<random>`` in ``parent``, first removing
-    those of runs whose process is gone (killed before they could clean up)."""
+    """A new owner-only working folder ``.run-<host>-<pid>-<random>`` in ``parent``, first
+    removing those of runs whose process is gone (killed before they could clean up)."""
     parent = ensure_private_dir(parent)
     remove_dead_scratch(parent)
-    return Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=parent))
+    return Path(tempfile.mkdtemp(prefix=scratch_prefix(), dir=parent))
 
 
 def remove_dead_scratch(parent: Path) -> list[Path]:
-    """Remove the scratch folders in ``parent`` whose run's process no longer exists (only
-    those: a live run's folder, or one whose name says no process, is left alone)."""
+    """Remove the scratch folders in ``parent`` made on this machine whose run's process no
+    longer exists (only those: a live run's folder, another machine's, or one whose name says
+    no process, is left alone)."""
     removed = []
     try:
         entries = list(Path(parent).iterdir())
@@ -127,7 +134,8 @@ def remove_dead_scratch(parent: Path) -> list[Path]:
             is_folder = stat.S_ISDIR(entry.lstat().st_mode)
         except OSError:
             continue
-        if found and is_folder and not _process_alive(int(found.group(1))):
+        if (found and is_folder and entry.name.startswith(scratch_prefix(int(found["pid"])))
+                and not _process_alive(int(found["pid"]))):
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
     return removed

@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from pytest_ftready.files import OS_ERROR_ADVICE, make_private, os_error_advice, remove_dead_scratch, scratch_dir
+from pytest_ftready.files import (OS_ERROR_ADVICE, make_private, os_error_advice, remove_dead_scratch, scratch_dir,
+                                  scratch_prefix)
 from pytest_ftready.outcomes import Fail, out_of_memory
 
 MiB = 1 << 20
@@ -200,7 +201,12 @@ def test_a_run_killed_with_sigkill_has_its_scratch_removed_by_the_next_run(tmp_p
     proc.wait()
     mine = scratch_dir(tmp_path)
     assert not folder.exists() and mine.is_dir()
-    assert mine.name.startswith(f".run-{os.getpid()}-") and stat.S_IMODE(mine.stat().st_mode) == 0o700
+    assert mine.name.startswith(scratch_prefix()) and stat.S_IMODE(mine.stat().st_mode) == 0o700
+
+
+def _dead_pid() -> int:
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(proc.stdout)
 
 
 def _state(pid: int) -> str:
@@ -221,9 +227,11 @@ def test_a_killed_run_not_yet_reaped_counts_as_gone(tmp_path):
 def test_a_live_runs_scratch_and_folders_not_named_by_a_run_are_kept(tmp_path):
     proc, live = _run_with_scratch(tmp_path)
     try:
+        dead = _dead_pid()
         (tmp_path / ".run-abc123").mkdir()  # no process in its name: not ours to judge
-        (tmp_path / ".run-1-file").write_text("a file, not a scratch folder")
-        (tmp_path / "run-1-x").mkdir()
+        (tmp_path / f".run-other-machine-{dead}-x1").mkdir()  # that pid is gone here, not there
+        (tmp_path / f"{scratch_prefix(dead)}file").write_text("a file, not a scratch folder")
+        (tmp_path / f"{scratch_prefix(dead)[1:]}x").mkdir()
         assert remove_dead_scratch(tmp_path) == []
         assert live.is_dir() and (live / "adapter_model.safetensors").is_file()
     finally:

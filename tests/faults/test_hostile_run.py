@@ -7,17 +7,12 @@ from __future__ import annotations
 
 import json
 import stat
-import subprocess
-import sys
 
+from pytest_ftready.files import scratch_prefix
 from pytest_ftready.tiny import example_rows, write_jsonl
+from tests.faults.test_hostile_processes import _dead_pid
 from tests.faults.test_hostile_templates import WEATHER_CALL, WEATHER_TOOL
 from tests.helpers import outcomes, properties
-
-
-def _dead_pid() -> int:
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    return int(proc.stdout)
 
 
 def test_hostile_inputs_in_one_run_each_end_in_a_clean_verdict(pytester, tiny_example):
@@ -33,7 +28,7 @@ def test_hostile_inputs_in_one_run_each_end_in_a_clean_verdict(pytester, tiny_ex
     recipe.write_text(recipe.read_text().replace('train = ["data/train.jsonl"]',
                                                  'train = ["data/train.jsonl", "data/more/*.jsonl"]'))
     arts = pytester.path / "arts"
-    stale = arts / "tiny" / f".run-{_dead_pid()}-killed"  # a run killed with SIGKILL mid-resume left this
+    stale = arts / "tiny" / f"{scratch_prefix(_dead_pid())}killed"  # a run killed with SIGKILL mid-resume left this
     (stale / "weights").mkdir(parents=True)
     for folder in (arts, arts / "tiny"):
         folder.chmod(0o700)  # as an earlier run of the plugin made them
