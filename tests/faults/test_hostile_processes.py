@@ -217,11 +217,13 @@ def _state(pid: int) -> str:
 def test_a_killed_run_not_yet_reaped_counts_as_gone(tmp_path):
     proc, folder = _run_with_scratch(tmp_path)
     proc.send_signal(signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and _state(proc.pid) != "Z":
-        time.sleep(0.05)  # a zombie: dead, its parent (this test) has not waited for it
-    assert remove_dead_scratch(tmp_path) == [folder]
-    proc.wait()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _state(proc.pid) != "Z":
+            time.sleep(0.05)  # a zombie: dead, its parent (this test) has not waited for it
+        assert remove_dead_scratch(tmp_path) == [folder]
+    finally:
+        proc.wait()
 
 
 def test_a_live_runs_scratch_and_folders_not_named_by_a_run_are_kept(tmp_path):
