@@ -182,6 +182,8 @@ def data_lengths(ctx) -> None:
     digest = encoded_rows(ctx, "measure")
     skipped = left_out(ctx, digest)
     full, kept = digest.full_lengths, digest.lengths
+    if not full:
+        raise Fail("no row renders to any token: nothing to measure (see data.template)" + skipped)
     max_length = recipe.data.max_length
     ctx.measure("length_p50", percentile(full, 0.5), "tokens")
     ctx.measure("length_p95", percentile(full, 0.95), "tokens")

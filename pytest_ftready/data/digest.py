@@ -82,8 +82,8 @@ class DataDigest:
     encoded: int = 0
     unrendered: int = 0  # encoded rows the chat template failed on (a render_error): never trained
     methods: set = field(default_factory=set)
-    full_lengths: array = field(default_factory=lambda: array("I"))  # tokens before truncation, per row
-    lengths: array = field(default_factory=lambda: array("I"))  # tokens after truncation, per row
+    full_lengths: array = field(default_factory=lambda: array("I"))  # tokens before truncation, per rendered row
+    lengths: array = field(default_factory=lambda: array("I"))  # tokens after truncation, per rendered row
     trainable_lengths: array = field(default_factory=lambda: array("I"))
     trained_tokens: int = 0
     fingerprint: int = 0  # of every row's input_ids and labels, by its place: equal digests, equal masks
@@ -107,8 +107,9 @@ class DataDigest:
         index = self.encoded
         self.encoded += 1
         self.methods.add(e.method)
-        self.full_lengths.append(e.full_length)
-        self.lengths.append(e.length)
+        if e.full_length:  # a row the template could not render has no length to count
+            self.full_lengths.append(e.full_length)
+            self.lengths.append(e.length)
         trained = e.trained
         self.trained_tokens += trained
         self.fingerprint = (self.fingerprint + row_fingerprint(e)) % FINGERPRINT_MOD

@@ -56,6 +56,7 @@ def test_template_raising_for_some_rows_fails_template_and_the_others_count_them
     for check in ("data.masking", "data.lengths"):  # they judge the 33 rows that render, and say so
         measured = _measured(run_check(state, check))
         assert measured["rows_left_out"] == 17 and measured["rows_unrendered"] == 17, check
+    assert len(state.digest.full_lengths) == 33 and min(state.digest.full_lengths) > 0  # no zero lengths counted
 
 
 def test_tool_calls_the_template_drops_fail_template_saying_they_will_never_be_trained(make_state, fails, tiny_example):
@@ -97,6 +98,7 @@ def test_template_failing_on_every_row_fails_template_naming_the_error(make_stat
     assert words in message and "Traceback" not in message
     assert "[train.jsonl:1, train.jsonl:2" in message
     assert state.digest.unrendered == 50 and state.digest.trainable == 0  # nothing of it would be trained
+    assert fails(state, "data.lengths").startswith("no row renders to any token: nothing to measure (see data.template)")
 
 
 def test_template_rendering_nothing_fails_masking_it_would_train_nothing(make_state, fails, tiny_example, edit_recipe):
