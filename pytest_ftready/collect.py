@@ -9,7 +9,7 @@ import pytest
 
 from .checks.registry import CheckSpec, all_checks
 from .kinds import thresholds
-from .outcomes import OUTCOME_RANK, Fail, Skip
+from .outcomes import OUTCOME_RANK, Fail, Skip, out_of_memory
 from .recipe.schema import RecipeError, _did_you_mean, load_recipe
 
 from .keys import REGRESSION_KEY, RUN_KEY  # noqa: E402  (defined there so the plugin imports this module lazily)
@@ -152,10 +152,10 @@ class CheckItem(pytest.Function):
             verdict = (pytest.fail, state.run.gate.text(str(exc)))
         except Skip as exc:
             verdict = (pytest.skip, state.run.gate.text(str(exc)))
-        except Exception as exc:  # torch.OutOfMemoryError outside a measured step (adapter, optimizer)
-            if type(exc).__name__ != "OutOfMemoryError":  # torch is not imported here: matched by name
+        except (RuntimeError, MemoryError) as exc:  # out of memory outside a measured step (adapter, optimizer)
+            first = out_of_memory(exc)  # any allocator's: CUDA, ROCm, MPS, the CPU
+            if not first:
                 raise
-            first = (str(exc).strip().splitlines() or [""])[0]
             verdict = (pytest.fail, state.run.gate.text(f"out of memory in {self.spec.id} on {device.name}: {first} "
                                                         "(model.step_memory lists the levers that lower the peak)"))
         regression = self.config.stash.get(REGRESSION_KEY, None)  # a figure worse than the baseline fails the check

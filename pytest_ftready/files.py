@@ -4,9 +4,13 @@ that writes (data manifests, engine checkpoints, outputs)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import re
+import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -58,3 +62,96 @@ def write_json(path: Path, payload: Any) -> Path:
     return write_private(path, json.dumps(json_safe(payload), indent=2, sort_keys=True) + "\n")
 
 
+
+
+# errno -> what to do about it, for a folder the plugin writes into
+OS_ERROR_ADVICE = {
+    errno.ENOSPC: "make room on that disk or point --ftready-artifacts at a disk with space",
+    errno.EDQUOT: "your disk quota is used up: free some of it or point --ftready-artifacts at another disk",
+    errno.EFBIG: "the file is larger than this process may write (ulimit -f) or the file system holds: "
+                 "raise the limit or point --ftready-artifacts at another disk",
+    errno.EACCES: "this user may not write there: fix the folder's permissions or point --ftready-artifacts "
+                  "at a folder you own",
+    errno.EPERM: "the folder refuses writes (immutable, or owned by another user): point --ftready-artifacts "
+                 "at a folder you own",
+    errno.EROFS: "the file system is mounted read-only: point --ftready-artifacts at a writable disk",
+    errno.ENAMETOOLONG: "the name is longer than the file system allows: shorten the recipe's name or the "
+                        "--ftready-artifacts path",
+    errno.ENOTDIR: "a file stands where a folder is needed: move it, or point --ftready-artifacts elsewhere",
+    errno.EEXIST: "a file stands where a folder is needed: move it, or point --ftready-artifacts elsewhere",
+    errno.EISDIR: "a folder stands where the file goes: move it, or point --ftready-artifacts elsewhere",
+    errno.ELOOP: "a symbolic link on the way points back to itself: fix the link",
+}
+
+
+def os_error_advice(exc: OSError) -> str:
+    """What to do about an OSError met while writing: advice that fits its errno."""
+    return OS_ERROR_ADVICE.get(exc.errno, "check that folder, or point --ftready-artifacts at a writable folder")
+
+
+def make_private(folder: Path) -> None:
+    """Owner-only permissions on everything under ``folder`` that others wrote with their own
+    modes (torch.save, save_pretrained): folders 0700, files 0600."""
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o700)
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o600)
+
+
+_SCRATCH = re.compile(r"\.run-(?P<host>[A-Za-z0-9._]+)-(?P<pid>\d+)-[a-z0-9_]+$")
+
+
+def scratch_prefix(pid: int | None = None) -> str:
+    """``.run-<host>-<pid>-``: a scratch folder's name says which process on which machine
+    made it (an artifacts folder on a shared disk may hold runs of several machines)."""
+    host = re.sub(r"[^A-Za-z0-9.]", "_", os.uname().nodename) or "host"
+    return f".run-{host}-{os.getpid() if pid is None else pid}-"
+
+
+def scratch_dir(parent: Path) -> Path:
+    """A new owner-only working folder ``.run-<host>-<pid>-<random>`` in ``parent``, first
+    removing those of runs whose process is gone (killed before they could clean up)."""
+    parent = ensure_private_dir(parent)
+    remove_dead_scratch(parent)
+    return Path(tempfile.mkdtemp(prefix=scratch_prefix(), dir=parent))
+
+
+def remove_dead_scratch(parent: Path) -> list[Path]:
+    """Remove the scratch folders in ``parent`` made on this machine whose run's process no
+    longer exists (only those: a live run's folder, another machine's, or one whose name says
+    no process, is left alone)."""
+    removed = []
+    try:
+        entries = list(Path(parent).iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        found = _SCRATCH.match(entry.name)
+        try:
+            is_folder = stat.S_ISDIR(entry.lstat().st_mode)
+        except OSError:
+            continue
+        if (found and is_folder and entry.name.startswith(scratch_prefix(int(found["pid"])))
+                and not _process_alive(int(found["pid"]))):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # another user's process: alive; a bogus number: not ours to judge
+        return True
+    try:  # a zombie (killed, not yet reaped by its parent) has finished
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return True

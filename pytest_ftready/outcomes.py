@@ -14,3 +14,26 @@ class Fail(Exception):
 
 class Skip(Exception):
     """The check cannot look here; the message says what it needs."""
+
+
+# What each allocator says when it runs out (torch.OutOfMemoryError covers CUDA and recent MPS;
+# the CPU allocator and older MPS/HIP builds raise a plain RuntimeError).
+OUT_OF_MEMORY_SAYINGS = (
+    "out of memory",  # CUDA, HIP, "MPS backend out of memory"
+    "can't allocate memory",  # alloc_cpu.cpp on Linux: DefaultCPUAllocator
+    "not enough memory",  # alloc_cpu.cpp on Windows/macOS: DefaultCPUAllocator
+    "cannot allocate memory",  # ENOMEM from the OS
+)
+
+
+def out_of_memory(exc: BaseException) -> str:
+    """The allocator's first line when ``exc`` means out of memory on any device (CUDA, ROCm,
+    MPS, the CPU, Python's own MemoryError); '' otherwise. The one place that decides it."""
+    name = type(exc).__name__
+    text = str(exc).strip()
+    first = (text.splitlines() or [""])[0].strip()
+    if name == "OutOfMemoryError" or isinstance(exc, MemoryError):
+        return first or name
+    if isinstance(exc, RuntimeError) and any(saying in text.lower() for saying in OUT_OF_MEMORY_SAYINGS):
+        return first or name
+    return ""

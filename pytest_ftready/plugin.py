@@ -241,11 +241,13 @@ def pytest_sessionfinish(session) -> None:
     from .collect import recipe_runs
     from .outputs import measurements, report, summary
 
+    from .files import remove_dead_scratch
     from .outcomes import Fail
 
     for state in [*run.recipes.values(), *run.variants.values()]:
         if "scratch" in vars(state):  # this run's checkpoints and trained weights
             shutil.rmtree(state.scratch, ignore_errors=True)
+        remove_dead_scratch(state.artifacts)  # and those of earlier runs killed before they could clean up
     records = recipe_runs(session.config, getattr(session, "items", []))
     reports = {}
     gate = run.gate
@@ -259,7 +261,8 @@ def pytest_sessionfinish(session) -> None:
         except Fail as exc:
             reporter = session.config.pluginmanager.get_plugin("terminalreporter")
             if reporter is not None:
-                reporter.write_line(f"ftready {state.recipe.name}: {exc}", red=True)
+                reporter.write_line(f"ftready {state.recipe.name}: {exc} (the run's artifacts are incomplete: "
+                                    "exit status 1 whatever the checks' outcomes)", red=True)
             session.exitstatus = session.exitstatus or pytest.ExitCode.TESTS_FAILED
     summary.append_step_summary([r for r in records if r.ran()], reports, gate=gate.text)
 

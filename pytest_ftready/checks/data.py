@@ -16,7 +16,8 @@ from ..units import percentile
 from ..outcomes import Fail, Skip
 from .registry import STAGES, check
 
-TEMPLATE_KINDS = ("render_error", "prompt_not_prefix", "history_rewritten", "bos_doubled")
+TEMPLATE_KINDS = ("render_error", "prompt_not_prefix", "history_rewritten", "bos_doubled", "tool_calls_dropped",
+                  "tools_dropped")
 MASKING_KINDS = ("markers_empty", "assistant_untrained", "wrong_role_trained", "stop_untrained", "no_supervised",
                  "truncated_all")
 MAX_LISTED = LISTED
@@ -49,13 +50,17 @@ def encoded_rows(ctx, purpose: str):
 
 
 def left_out(ctx, digest) -> str:
-    """Rows data.format found unusable, which this check leaves out: measured (a JUnit
-    property), and a line for the check's message ("" when none)."""
-    count = digest.total - digest.encoded
-    if not count:
+    """Rows data.format found unusable and rows the chat template failed on, which this check
+    leaves out: measured (a JUnit property), and lines for the check's message ("" when none)."""
+    unusable, unrendered = digest.total - digest.encoded, digest.unrendered
+    if not unusable + unrendered:
         return ""
-    ctx.measure("rows_left_out", count, "rows")
-    return f"\n{count} of {digest.total} rows left out as unusable (see data.format)"
+    ctx.measure("rows_left_out", unusable + unrendered, "rows")
+    lines = [f"\n{unusable} of {digest.total} rows left out as unusable (see data.format)"] if unusable else []
+    if unrendered:
+        ctx.measure("rows_unrendered", unrendered, "rows")
+        lines.append(f"\n{unrendered} of {digest.total} rows left out: the chat template fails on them (see data.template)")
+    return "".join(lines)
 
 
 def bad_rows_list(bad: list, count: int) -> str:
@@ -78,6 +83,8 @@ def data_format(ctx) -> None:
     digest = ctx.state.rows
     data = ctx.recipe.data
     ctx.measure("rows", digest.total, "rows")
+    ctx.measure("train_files", len(data.train), "files")  # a glob's matches, each named
+    ctx.measure("train_file_names", where_list([_relative(f, ctx.recipe.folder) for f in data.train]), "")
     ctx.measure("bad_rows", digest.bad_count, "rows")
     ctx.measure("layouts", ", ".join(f"{name} {count}" for name, count in digest.layouts.most_common()), "")
     if digest.bad_count:
@@ -103,10 +110,18 @@ def data_template(ctx) -> None:
             "bos_doubled": "tokenize the rendered chat with add_special_tokens=False (or drop BOS from the template)",
             "history_rewritten": "use train_on = \"last_assistant\", or split conversations into one row per assistant turn",
             "prompt_not_prefix": "the generation prompt must equal the start of the assistant turn in training renders",
+            "tool_calls_dropped": "use a chat template that renders tool_calls ([data] chat_template = \"x.jinja\"), "
+                                  "or leave tool-call rows out",
+            "tools_dropped": "use a chat template that renders the tools ([data] chat_template = \"x.jinja\")",
         }
         advice = "; ".join(hints[k] for k in found if k in hints)
         raise Fail(f"chat template problems in {sum(p.count for p in found.values())} place(s):\n{summarize(found)}"
                    + (f"\nFix: {advice}" if advice else "") + skipped)
+
+
+def _relative(file, folder) -> str:
+    path = Path(file)
+    return str(path.relative_to(folder)) if path.is_relative_to(folder) else str(path)
 
 
 def _template_source(recipe) -> str:
@@ -169,6 +184,8 @@ def data_lengths(ctx) -> None:
     digest = encoded_rows(ctx, "measure")
     skipped = left_out(ctx, digest)
     full, kept = digest.full_lengths, digest.lengths
+    if not full:
+        raise Fail("no row renders to any token: nothing to measure (see data.template)" + skipped)
     max_length = recipe.data.max_length
     ctx.measure("length_p50", percentile(full, 0.5), "tokens")
     ctx.measure("length_p95", percentile(full, 0.95), "tokens")

@@ -79,9 +79,10 @@ class DataDigest:
     usable_rows: list = field(default_factory=list)  # the first keep_rows usable rows
     # ---- encoding: every usable row
     encoded: int = 0
+    unrendered: int = 0  # encoded rows the chat template failed on (a render_error): never trained
     methods: set = field(default_factory=set)
-    full_lengths: array = field(default_factory=lambda: array("I"))  # tokens before truncation, per row
-    lengths: array = field(default_factory=lambda: array("I"))  # tokens after truncation, per row
+    full_lengths: array = field(default_factory=lambda: array("I"))  # tokens before truncation, per rendered row
+    lengths: array = field(default_factory=lambda: array("I"))  # tokens after truncation, per rendered row
     trainable_lengths: array = field(default_factory=lambda: array("I"))
     trained_tokens: int = 0
     fingerprint: int = 0  # of every row's input_ids and labels, by its place: equal digests, equal masks
@@ -105,11 +106,13 @@ class DataDigest:
         index = self.encoded
         self.encoded += 1
         self.methods.add(e.method)
-        self.full_lengths.append(e.full_length)
-        self.lengths.append(e.length)
+        if e.full_length:  # a row the template could not render has no length to count
+            self.full_lengths.append(e.full_length)
+            self.lengths.append(e.length)
         trained = e.trained
         self.trained_tokens += trained
         self.fingerprint = (self.fingerprint + row_fingerprint(e)) % FINGERPRINT_MOD
+        self.unrendered += any(kind == "render_error" for kind, _ in e.problems)
         for kind, detail in e.problems:
             self.problems.setdefault(kind, Places()).add(e.row.where, detail)
             self.first_with.setdefault(kind, (index, e))
@@ -140,6 +143,7 @@ class DataDigest:
         self.usable_rows.extend(other.usable_rows[: plan.keep_rows - len(self.usable_rows)])
         offset, trainable_offset = self.encoded, self.trainable
         self.encoded += other.encoded
+        self.unrendered += other.unrendered
         self.methods |= other.methods
         self.full_lengths.extend(other.full_lengths)
         self.lengths.extend(other.lengths)

@@ -27,7 +27,7 @@ from .layouts import Chat, Plain, Sample, read_sample
 from .redaction import redact_pieces, row_values
 from .rendering import Renderer, generation_mask
 from .rows import Row
-from .verify import IGNORE_INDEX, runs, sequence_problems, verify_turns
+from .verify import IGNORE_INDEX, dropped_tools, runs, sequence_problems, verify_turns
 
 # Problems that make a row unusable for training (the engine leaves such rows out).
 BLOCKING = frozenset({"render_error", "markers_empty", "truncated_all", "no_supervised"})
@@ -180,6 +180,7 @@ class Encoder:
                 text, generation = self.render(messages, tools=tools), None
         except Exception as exc:  # jinja raises TemplateError, TypeError, ...; report, don't crash
             return Encoded(row, (), (), self.chat_method, 0, 0, (("render_error", f"template failed: {exc}"),))
+        problems += dropped_tools(chat, text)
         spans = []
         for i in chat.trained:
             try:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Union
@@ -113,9 +115,38 @@ def total_bytes(files) -> int:
     return sum(Path(f).stat().st_size for f in files if Path(f).is_file())
 
 
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(value: Any) -> str:
+    """The first string in ``value`` (keys too) holding half of a UTF-16 surrogate pair, as
+    JSON's ``"\\ud800"`` escapes give; '' when none. No tokenizer can encode such text."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if LONE_SURROGATE.search(item):
+                return item
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return ""
+
+
+def _surrogate_problem(file: str, line_no: int) -> RowProblem:
+    return RowProblem(file, line_no, "encoding", "a \\ud800-\\udfff escape without its pair (a lone surrogate) is "
+                      "not Unicode text: fix the escape, or drop the row")
+
+
 def _parsed(file: str, line_no: int, line: str) -> Item:
     try:
-        return Row(file, line_no, json.loads(line))
+        value = json.loads(line)
+        # a valid UTF-8 line holds no surrogate character: only an escape can make one
+        if "\\u" in line and lone_surrogate(value):
+            return _surrogate_problem(file, line_no)
+        return Row(file, line_no, value)
     except json.JSONDecodeError as exc:
         return RowProblem(file, line_no, "malformed", f"not valid JSON ({exc.msg} at column {exc.colno})")
     except RecursionError:
@@ -140,6 +171,11 @@ def _unreadable(path: Path) -> str:
         return "is a folder, not a file: list the files inside it in [data] train"
     if not path.exists():
         return "does not exist"
+    if not path.is_file():  # read, a FIFO blocks or ends at once, a device never ends
+        return ("is not a regular file (a FIFO, socket or device): write the rows to a file on disk and "
+                "list that file in [data] train")
+    if not os.access(path, os.R_OK):
+        return "cannot be read by this user (permission denied): make it readable (chmod u+r) or copy it"
     if path.stat().st_size == 0:
         return "is empty: it holds no rows"
     return ""
@@ -305,7 +341,7 @@ def _json_array_rows(path: Path) -> Iterator[Item]:
                 if end == len(buf) and not eof and more():
                     continue  # a number or literal may go on: decode it again with what follows
                 number += 1
-                yield Row(str(path), number, value)
+                yield _surrogate_problem(str(path), number) if lone_surrogate(value) else Row(str(path), number, value)
                 at = end
                 separator = skip_space()
                 if separator == ",":

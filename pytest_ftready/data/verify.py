@@ -134,3 +134,29 @@ def judge_labels(tokenizer, sample, train_on: str, ids: Sequence[int], labels: S
     elif truncated:
         problems.append(("truncated_part", f"max_length cuts this row to {len(ids)} tokens ({was})"))
     return problems
+
+
+def _tool_name(item) -> str:
+    """The function name of a tool schema or a tool call (OpenAI's nested ``function`` or flat)."""
+    if not isinstance(item, dict):
+        return ""
+    inner = item.get("function") if isinstance(item.get("function"), dict) else item
+    name = inner.get("name")
+    return name if isinstance(name, str) else ""
+
+
+def dropped_tools(chat, text: str) -> list[tuple[str, str]]:
+    """Tool calls and tool schemas of the row that the rendered text does not hold (templates
+    without tool support drop them silently): the model would never be trained on them."""
+    problems = []
+    for label, message in zip(chat.labels, chat.messages):
+        calls = message.get("tool_calls") or []
+        missing = [name for name in map(_tool_name, calls) if name and name not in text]
+        if missing:
+            problems.append(("tool_calls_dropped", f"the chat template drops the tool_calls of {label} "
+                             f"({', '.join(missing)}): these tool calls will never be trained"))
+    names = [name for name in map(_tool_name, chat.tools or ()) if name]
+    if names and not any(name in text for name in names):
+        problems.append(("tools_dropped", f"the chat template drops the row's tools ({', '.join(names)}): "
+                         "the model never sees the tool schemas it is to call"))
+    return problems

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..files import ensure_private_dir
+from ..files import ensure_private_dir, make_private
 from .batches import DataOrder, next_batches
 from .trainable import make_optimizer, make_scheduler, make_trainable, peft_quiet, release_trainable, set_checkpointing, train_step
 
@@ -60,6 +60,7 @@ def save_checkpoint(folder: Path, model, optimizer, scheduler, order: DataOrder,
     torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "rng": rng_state(), "data_order": order.state_dict()}, folder / STATE_FILE)
     (folder / EXAMPLES_FILE).write_text(json.dumps([[list(e.input_ids), list(e.labels)] for e in examples]))
+    make_private(folder)  # torch and save_pretrained write with the umask's mode
     return folder
 
 

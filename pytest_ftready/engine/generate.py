@@ -20,9 +20,10 @@ def greedy(model, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids, pad_
 
 def merge_and_save(peft_model, folder) -> None:
     """The merged artifact: adapter folded into the base weights."""
-    from ..files import ensure_private_dir
+    from ..files import ensure_private_dir, make_private
 
     peft_model.merge_and_unload().save_pretrained(ensure_private_dir(folder))
+    make_private(folder)
 
 
 def reloaded_outputs(recipe, adapter_dir, prompt_ids, stop_ids, pad_id: int, torch_device: str, merged_dir,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ..files import ensure_private_dir
+from ..files import ensure_private_dir, make_private
 from ..outcomes import Fail
 from .batches import collate
 from .generate import greedy
@@ -67,6 +67,7 @@ def overfit(recipe, examples: Sequence, pad_id: int, torch_device: str, shared_b
                        "outside the forward pass, or an optimizer built before the adapter was added)")
         answer = greedy(model, prompt_ids, checks.max_new_tokens, stop_ids, pad_id, torch_device)
         model.save_pretrained(ensure_private_dir(save_to))
+        make_private(save_to)
     return OverfitResult(losses, losses[-1] <= checks.overfit_loss, save_to, list(prompt_ids), answer, example_where,
                          checks.overfit_loss, recipe.training.learning_rate)
 

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from ..outcomes import out_of_memory
 from .batches import worst_case_batch
 from .breakdown import Breakdown, breakdown
 from .trainable import make_optimizer, make_scheduler, num_layers, train_step, trainable
@@ -60,8 +61,6 @@ def measure_step(recipe, examples: Sequence, pad_id: int, torch_device: str, sha
                  rounds: int = 3) -> StepMeasurement:
     """Measure the recipe's worst-case step. ``count_tensors``: count live tensor bytes (the
     CPU has no allocator statistics)."""
-    import torch
-
     from .memory import free_device_memory, peak_memory
 
     batch = worst_case_batch(examples, recipe.training.micro_batch_size, recipe.data.max_length, pad_id)
@@ -75,12 +74,14 @@ def measure_step(recipe, examples: Sequence, pad_id: int, torch_device: str, sha
         try:
             with peak_memory(torch_device, count_tensors=count_tensors) as peak:
                 train_step(model, optimizer, scheduler, [batch], torch_device)
-        except torch.OutOfMemoryError as exc:
+        except (RuntimeError, MemoryError) as exc:  # any allocator's out of memory; other errors go on
+            reason = out_of_memory(exc)
+            if not reason:
+                raise
             optimizer.zero_grad(set_to_none=True)
             free_device_memory(torch_device)
             return StepMeasurement(capacity_bytes or 0, capacity_bytes, 0, "", tokens, 0.0,
-                                   breakdown(model, optimizer, capacity_bytes or 0), layers,
-                                   out_of_memory=str(exc).splitlines()[0] if str(exc) else "OutOfMemoryError",
+                                   breakdown(model, optimizer, capacity_bytes or 0), layers, out_of_memory=reason,
                                    vocab_size=vocab)
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         peak_bytes = peak.device_reserved_bytes if peak.device_reserved_bytes is not None else weights + peak.tensor_bytes

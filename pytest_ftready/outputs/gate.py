@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ..data.redaction import bare_secret, finding_values, redact_text
-from ..files import json_safe, write_private
+from ..files import json_safe, os_error_advice, write_private
 from ..outcomes import Fail
 
 MIN_LINE_CHARS = 8  # a line of a multi-line value this long is refused on its own
@@ -81,8 +81,7 @@ class Gate:
         try:
             return write_private(path, self.text(data) if isinstance(data, str) else data)
         except OSError as exc:
-            raise Fail(f"cannot write {path}: {exc.strerror or exc}; make room on that disk or point "
-                       "--ftready-artifacts at a writable folder") from None
+            raise Fail(f"cannot write {path}: {exc.strerror or exc}; {os_error_advice(exc)}") from None
 
     def write_json(self, path: Path, payload: Any) -> Path:
         return self.write(path, json.dumps(json_safe(self.value(payload)), indent=2, sort_keys=True) + "\n")

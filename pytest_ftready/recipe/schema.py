@@ -8,6 +8,7 @@ found and what to write instead. This module imports neither pytest nor torch.
 from __future__ import annotations
 
 import difflib
+import glob
 import math
 import re
 import sys
@@ -30,6 +31,11 @@ HEX40 = re.compile(r"^[0-9a-f]{40}$")
 
 
 ONE_LINE = {c: f"\\x{c:02x}" for c in range(32)} | {10: "\\n", 13: "\\r", 9: "\\t"}
+MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of settings; more is a file passed by mistake
+MAX_NAME_CHARS = 100  # the name becomes a folder name (255 bytes at most on most file systems) and every test id's prefix
+MAX_TEXT_CHARS = 4096  # any other string value
+SHOWN_CHARS = 80  # of a value quoted in an error
+GLOB_CHARS = re.compile(r"[*?[]")
 
 
 class RecipeError(Exception):
@@ -39,9 +45,9 @@ class RecipeError(Exception):
         self.path = Path(path)
         self.where = where
         self.message = message
-        location = f"{self.path} {where}".rstrip()
+        location = f"{self.path} {_clip(where, SHOWN_CHARS * 2)}".rstrip()
         # one line, whatever the file holds: control characters in keys, values or paths are escaped
-        super().__init__(f"Invalid recipe {location}: {message}".translate(ONE_LINE))
+        super().__init__(_clip(f"Invalid recipe {location}: {message}".translate(ONE_LINE), 4000))
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,7 @@ class Key:
     choices: tuple[str, ...] = ()
     positive: bool = False  # int/float: > 0 (else >= 0)
     must_exist: bool = False  # path/paths: resolved against the recipe folder and checked
+    globs: bool = False  # paths: an entry with * ? [ is a pattern (sorted matches), as Hugging Face data_files
 
 
 def _k(kind: str, default: Any = REQUIRED, doc: str = "", **kw: Any) -> Key:
@@ -82,7 +89,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                choices=("auto", "on", "off")),
     },
     "data": {
-        "train": _k("paths", REQUIRED, "local jsonl/json/parquet/csv files", must_exist=True),
+        "train": _k("paths", REQUIRED, "local jsonl/json/parquet/csv files, or glob patterns (data/*.jsonl)",
+                    must_exist=True, globs=True),
         "format": _k("choice", "auto", "row layout; auto recognises each row from its fields",
                      choices=FORMATS),
         "train_on": _k(
@@ -253,8 +261,24 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _clip(text: str, most: int) -> str:
+    """``text``, or its start and how long it was: an error quotes a value, never megabytes of it."""
+    return text if len(text) <= most else f"{text[:most]}... ({len(text):,} characters in all)"
+
+
 def _describe(value: Any) -> str:
-    return f"{value!r} ({type(value).__name__})"
+    return f"{_clip(repr(value), SHOWN_CHARS)} ({type(value).__name__})"
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except (OSError, ValueError):  # a name too long, a NUL byte: not an existing file
+        return False
+
+
+def _shown(text: str) -> str:
+    return _clip(repr(text), SHOWN_CHARS)
 
 
 def _did_you_mean(word: str, options: list[str]) -> str:
@@ -276,6 +300,8 @@ class _Parser:
         if kind == "str":
             if not isinstance(raw, str):
                 raise self.fail(where, f"expected a string, got {_describe(raw)}")
+            if len(raw) > MAX_TEXT_CHARS:
+                raise self.fail(where, f"expected at most {MAX_TEXT_CHARS:,} characters, got {_describe(raw)}")
             return raw
         if kind == "bool":
             if not isinstance(raw, bool):
@@ -320,7 +346,11 @@ class _Parser:
                 raise self.fail(where, f"expected a list of path strings, got {_describe(raw)}")
             if key.default is REQUIRED and not items:
                 raise self.fail(where, "expected at least one file, got an empty list")
-            return pvector(self.path_value(where, v, key) for v in items)
+            found: dict = {}  # in order, each file once (two patterns may match the same file)
+            for item in items:
+                for path in self.path_values(where, item, key):
+                    found.setdefault(path, None)
+            return pvector(found)
         if kind == "table":
             if not isinstance(raw, dict):
                 raise self.fail(where, f"expected a table like {{ key = \"value\" }}, got {_describe(raw)}")
@@ -340,10 +370,35 @@ class _Parser:
     def path_value(self, where: str, raw: str, key: Key) -> Path | str:
         if raw == "":
             return ""
-        resolved = (self.folder / Path(raw).expanduser()).resolve()
-        if key.must_exist and not resolved.exists():
-            raise self.fail(where, f"{raw!r} does not exist (looked for {resolved}); fix the path, relative to the recipe's folder")
+        try:
+            resolved = (self.folder / Path(raw).expanduser()).resolve()
+            exists = resolved.exists()
+        except RuntimeError as exc:  # a symlink loop (Python < 3.13), or no home folder for "~"
+            raise self.fail(where, f"{_shown(raw)} cannot be resolved ({exc}): point it at the real file, "
+                            "not at a link that leads back to itself") from None
+        except (OSError, ValueError) as exc:  # ELOOP (Python >= 3.13), a name too long, a NUL byte, no permission
+            reason = getattr(exc, "strerror", None) or str(exc)
+            raise self.fail(where, f"{_shown(raw)} cannot be looked up ({reason}): write the path of a file "
+                            "this user can read, relative to the recipe's folder") from None
+        if key.must_exist and not exists:
+            raise self.fail(where, f"{_shown(raw)} does not exist (looked for {_clip(str(resolved), 300)}); "
+                            "fix the path, relative to the recipe's folder")
+        if key.must_exist and not (resolved.is_file() or resolved.is_dir()):  # reading a FIFO blocks, a device never ends
+            raise self.fail(where, f"{_shown(raw)} is not a regular file (a FIFO, socket or device): write it to a "
+                            "file on disk and point the recipe at that file")
         return resolved
+
+    def path_values(self, where: str, raw: str, key: Key) -> list:
+        """One entry of a ``paths`` list: its file, or with ``key.globs`` the sorted files a pattern
+        matches (a file whose name holds * ? [ literally is taken as it is)."""
+        if not (key.globs and GLOB_CHARS.search(raw)) or _exists(self.folder / raw):
+            return [self.path_value(where, raw, key)]
+        pattern = str(self.folder / Path(raw).expanduser())
+        matches = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+        if not matches:
+            raise self.fail(where, f"the pattern {_shown(raw)} matches no file (looked for {_clip(pattern, 300)}); "
+                            "fix the pattern, relative to the recipe's folder")
+        return [self.path_value(where, str(p), key) for p in matches]
 
     def skip_value(self, where: str, raw: Any) -> Any:
         if isinstance(raw, list) and all(isinstance(v, str) for v in raw):
@@ -408,6 +463,9 @@ def validate_recipe(raw: dict, path: Path | str, origin: Any = None) -> Recipe:
     name = raw.get("name", path.stem)
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
         raise parser.fail("name", f"expected letters, digits, '.', '_' or '-', got {_describe(name)}")
+    if len(name) > MAX_NAME_CHARS:  # it names the artifacts folder and prefixes every test id
+        raise parser.fail("name", f"expected at most {MAX_NAME_CHARS} characters (it names the artifacts folder), "
+                          f"got {len(name):,}: write a short name")
     tables = {table: parser.table(table, raw.get(table, {})) for table in SCHEMA}
     _cross_checks(parser, tables)
     return Recipe(name=name, source=path, folder=path.parent, origin=origin,
@@ -423,6 +481,12 @@ def load_recipe(path: Path | str) -> Recipe:
 
         return load_config(path)
     try:
+        if path.exists() and not path.is_file():  # a FIFO would block the read forever; a device never ends
+            what = "a folder" if path.is_dir() else "not a regular file (a FIFO, socket or device)"
+            raise RecipeError(path, "", f"is {what}; pass --ftready=PATH to a recipe.toml file")
+        if path.stat().st_size > MAX_RECIPE_BYTES:
+            raise RecipeError(path, "", f"holds {path.stat().st_size:,} bytes, more than the {MAX_RECIPE_BYTES:,} "
+                              "a recipe may: pass the recipe.toml, not a data or model file")
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise RecipeError(path, "", "file not found; pass --ftready=PATH to an existing recipe.toml") from None

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 from ..machine.devices import Device, resolve_device
 from ..machine.probes import Machine
 from ..recipe.schema import Recipe
-from ..outcomes import Fail
+from ..outcomes import Fail, out_of_memory
 from ..outputs.gate import Gate
 from ..outputs.measurements import Measurement
 from .facts import computed, fact
@@ -110,12 +110,11 @@ class RecipeState:
     def scratch(self) -> Path:
         """This run's own working folder inside the artifacts folder (checkpoints, trained
         weights): two runs sharing an artifacts folder never touch each other's work. The
-        plugin removes it at the end of the session."""
-        import tempfile
+        plugin removes it at the end of the session; the next run removes those of runs killed
+        before they could."""
+        from ..files import scratch_dir
 
-        from ..files import ensure_private_dir
-
-        return Path(tempfile.mkdtemp(prefix=".run-", dir=ensure_private_dir(self.artifacts)))
+        return scratch_dir(self.artifacts)
 
     @cached_property
     def device(self) -> Device:
@@ -142,6 +141,9 @@ class RecipeState:
         except Exception as exc:  # noqa: BLE001 - any exception here means the artifact cannot be loaded
             source = self.recipe.model.path or f"{self.recipe.model.id}@{self.recipe.model.revision}"
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            if out_of_memory(exc):
+                raise Fail(f"out of memory loading the {what} from {source} on {self.device.name}: {out_of_memory(exc)} "
+                           "(a smaller dtype or [model] quantization = \"4bit\" lowers what loading needs)") from None
             raise Fail(f"cannot load the {what} from {source}: {type(exc).__name__}: {first}") from None
 
     # ---- the model and the data ------------------------------------------------------------

@@ -43,8 +43,8 @@ def test_disk_full_while_writing_fails_naming_the_path_and_leaves_no_partial_fil
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout.strip().splitlines()[-1]
-    assert out == (f"FAILED cannot write {earlier}: File too large; make room on that disk or point "
-                   "--ftready-artifacts at a writable folder")
+    assert out == (f"FAILED cannot write {earlier}: File too large; the file is larger than this process may write "
+                   "(ulimit -f) or the file system holds: raise the limit or point --ftready-artifacts at another disk")
     assert earlier.read_text() == "<p>the complete report of an earlier run</p>"  # not truncated, not replaced
     assert sorted(p.name for p in (arts / "tiny").iterdir()) == ["masking.html"]  # no temporary file left
 
