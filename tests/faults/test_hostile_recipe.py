@@ -120,7 +120,7 @@ CASES = [
     ("dropout-over-one", MODEL + GOOD_DATA + "[adapter]\ndropout = 1.5\n", None,
      ["[adapter] dropout: expected a share between 0 and 1"]),
     ("unknown-key-10k-chars", MODEL + GOOD_DATA + "[training]\n" + "k" * 10_000 + " = 1\n", None,
-     ["characters in all): unknown key; valid keys: compile"]),
+     ["characters in all): unknown key; valid keys: activation_offloading, compile"]),
     ("skip-a-number", MODEL + GOOD_DATA + "[checks]\nskip = 5\n", None, ["[checks] skip: expected check ids with reasons"]),
     ("control-chars-in-key", MODEL + GOOD_DATA + '[training]\n"a\\u001b[31mred" = 1\n', None,
      ["unknown key", "\\x1b[31mred"]),

@@ -53,4 +53,4 @@ def test_hostile_inputs_in_one_run_each_end_in_a_clean_verdict(pytester, tiny_ex
     assert not stale.exists()  # removed by this run: its process is gone
     modes = {str(p.relative_to(arts)): stat.S_IMODE(p.stat().st_mode) for p in arts.rglob("*")}
     assert modes and all(mode == (0o700 if (arts / name).is_dir() else 0o600) for name, mode in modes.items()), modes
-    assert json.loads((arts / "tiny" / "measurements.json").read_text())  # the run's records were written whole
+    assert json.loads((arts / "tiny" / "measurements-partial.json").read_text())  # this -k run's records, written whole

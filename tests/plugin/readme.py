@@ -56,7 +56,7 @@ def documented() -> dict[str, set[str]]:
         "hook": set(re.findall(r"\b(pytest_ftready_\w+)\(", body)),
         "command": set(re.findall(r"(?<![\w-])(ftready-[a-z]+)\b", body)),
         "artifact": set(re.findall(r"`([\w.*-]+\.(?:json|html))`", section("Measurements and artifacts")))
-                    | set(re.findall(r"`(\.run-\*)`", body)),
+                    | set(re.findall(r"`(\.run-[^`]*\*)`", body)),
         "exit code": {f"{re.findall(r'ftready-[a-z]+', body[:m.start()])[-1]}: exit {m.group(1)}"
                       for m in re.finditer(r"\(exit (\d[^)]*)\)", body)},
         "running": {line.split("  #")[0].strip() for line in running.splitlines() if line.strip()},

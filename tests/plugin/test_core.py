@@ -94,7 +94,7 @@ def test_junit_properties_and_artifacts_without_warnings(project):
     assert json.loads(env.read_text())["python"] == suite_props["ftready.python"]
     assert oct(env.stat().st_mode & 0o777) == "0o600"
     assert oct(env.parent.stat().st_mode & 0o777) == "0o700"
-    measurements = json.loads((env.parent / "measurements.json").read_text())
+    measurements = json.loads((env.parent / "measurements-partial.json").read_text())
     assert {m["name"] for m in measurements} >= {"cpu_cores", "host_memory_total"}
     result.stdout.fnmatch_lines(["*ftready measurements*", "demo :: repro.environment", "*cpu_cores = * cores"])
 

@@ -319,6 +319,8 @@ def test_the_memory_forecast_names_the_config_levers_it_cannot_model(tiny_exampl
         shutil.copy(TINY / name, tiny_example / name)
     path = tiny_example / "trl-sft.yaml"
     path.write_text(path.read_text() + "activation_offloading: true\n")
+    side = tiny_example / "ftready.toml"  # a target, so the forecast judges (without one it records and skips)
+    side.write_text(side.read_text().replace('device = "auto"', 'device = "auto"\ntarget = "24GiB"'))
     recipe = load_recipe(path)
     assert recipe.training.activation_offloading is True
     all_checks()
