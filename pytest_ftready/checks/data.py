@@ -130,7 +130,6 @@ def data_masking(ctx) -> None:
     ctx.series("examples", views)
     report = gate.write(state.artifacts / "masking.html", masking_page(views, method))
     ctx.user_properties.append(("masking_report", str(report)))
-    ctx.measure("pipeline", state.pipeline.name, "")
     ctx.measure("trained_span_method", method, "")
     ctx.measure("encoded_fingerprint", f"{digest.fingerprint:016x}", "")  # changes with any token or label
     skipped = left_out(ctx, digest)

@@ -41,6 +41,12 @@ def step_memory(ctx) -> None:
     if capacity:
         ctx.measure("device_capacity", capacity, "bytes")
         ctx.measure("peak_share_of_capacity", step.peak_bytes / capacity, "share")
+    if state.trainer.name != "builtin":  # the trainer's step beside the engine's
+        engine = state.engine_step
+        ctx.measure("engine_peak_bytes", engine.peak_bytes, "bytes")
+        ctx.measure("engine_step_tokens", engine.tokens_per_step, "tokens")
+        ctx.measure("step_tokens", step.tokens_per_step, "tokens")
+        ctx.measure("peak_vs_engine", step.peak_bytes / engine.peak_bytes if engine.peak_bytes else 0.0, "ratio")
     if not step.fits(headroom):
         usable = step.usable_bytes(headroom)
         raise Fail(f"the worst-case step needs {human_bytes(step.peak_bytes)} but {ctx.device.name} offers "
@@ -58,6 +64,11 @@ def model_overfit(ctx) -> None:
     ctx.measure("overfit_steps", len(result.losses), "steps")
     ctx.measure("overfit_first_loss", result.losses[0], "nats")
     ctx.measure("overfit_final_loss", result.losses[-1], "nats")
+    if ctx.state.trainer.name != "builtin":  # the trainer's overfit beside the engine's
+        engine = ctx.state.engine_overfit
+        ctx.series("engine_loss", engine.losses)
+        ctx.measure("engine_overfit_steps", len(engine.losses), "steps")
+        ctx.measure("engine_overfit_final_loss", engine.losses[-1], "nats")
     if not result.reached:
-        raise Fail(f"overfit of {ctx.recipe.checks.overfit_examples} examples: "
+        raise Fail(f"overfit of {ctx.recipe.checks.overfit_examples} examples by {ctx.state.trainer.step_trainer}: "
                    + diagnose(result.losses, result.target_loss, result.learning_rate))

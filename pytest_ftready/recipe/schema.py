@@ -96,7 +96,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "stop_tokens": _k("strs", [], "extra end-of-turn tokens besides EOS"),
         "roles": _k("table", {}, "ShareGPT speaker names mapped to roles, e.g. { bot = \"assistant\" }"),
         "pipeline": _k("choice", "builtin", "what makes the training examples the checks judge and train on",
-                       choices=("builtin", "trl")),
+                       choices=("builtin", "trl", "axolotl", "llamafactory")),
     },
     "adapter": {
         "method": _k("choice", "lora", "none = full fine-tune", choices=("none", "lora")),
