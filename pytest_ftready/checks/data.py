@@ -155,7 +155,8 @@ def data_masking(ctx) -> None:
     if messages:
         bad = digest.first_example(found) or sample[0]
         example = render_example(state.tokenizer, bad, known=gate.values())
-        raise Fail("\n".join(messages) + f"\nExample {bad.row.where} (trained tokens in [[...]]):\n{example}"
+        raise Fail(f"labels made by {method}:\n" + "\n".join(messages)
+                   + f"\nExample {bad.row.where} (trained tokens in [[...]]):\n{example}"
                    f"\nAll shown examples: {report}" + skipped)
 
 

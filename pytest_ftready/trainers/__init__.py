@@ -29,10 +29,10 @@ def trainer_named(name: str) -> Trainer:
 
 
 def select_trainer(recipe) -> Trainer:
-    """The recipe's trainer: the one ``[data] pipeline`` names; else, for a trainer's config,
-    that trainer when it is installed here; else the built-in engine."""
+    """The recipe's trainer: the one ``[data] pipeline`` names; under "auto", for a trainer's
+    config, that trainer when it is installed here; else the built-in engine."""
     asked = recipe.data.pipeline
-    if asked != "builtin":
+    if asked != "auto":
         return trainer_named(asked)
     origin = recipe.origin
     if origin is not None and origin.format in TRAINERS:

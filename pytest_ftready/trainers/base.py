@@ -110,6 +110,7 @@ class Trainer:
     name = "trainer"  # the pipeline measurement
     step_trainer = "trainer"  # the step measurement
     module: Optional[str] = None  # what must import for this trainer to run here
+    install = ""  # how to install it
 
     def missing(self) -> str:
         """"" when this trainer can run here, else what to install."""
@@ -117,7 +118,7 @@ class Trainer:
 
         if self.module is None or importlib.util.find_spec(self.module) is not None:
             return ""
-        return f"{self.module} is not installed here"
+        return f"{self.module} is not installed in this environment ({self.install})"
 
     def pipeline(self, state) -> Pipeline:  # pragma: no cover - interface
         raise NotImplementedError

@@ -264,6 +264,7 @@ class TrlTrainer(Trainer):
     name = "trl"
     step_trainer = "trl SFTTrainer"
     module = "trl"
+    install = "pip install 'pytest-ftready[trl]'"
 
     def pipeline(self, state) -> Pipeline:
         return TrlPipeline(state.recipe, state.tokenizer, pipeline_stops(state))
