@@ -41,7 +41,7 @@ def step_memory(ctx) -> None:
     if capacity:
         ctx.measure("device_capacity", capacity, "bytes")
         ctx.measure("peak_share_of_capacity", step.peak_bytes / capacity, "share")
-    if state.trainer.name != "builtin":  # the trainer's step beside the engine's
+    if step is not state.engine_step:  # the trainer's own step beside the engine's
         engine = state.engine_step
         ctx.measure("engine_peak_bytes", engine.peak_bytes, "bytes")
         ctx.measure("engine_step_tokens", engine.tokens_per_step, "tokens")
@@ -64,7 +64,7 @@ def model_overfit(ctx) -> None:
     ctx.measure("overfit_steps", len(result.losses), "steps")
     ctx.measure("overfit_first_loss", result.losses[0], "nats")
     ctx.measure("overfit_final_loss", result.losses[-1], "nats")
-    if ctx.state.trainer.name != "builtin":  # the trainer's overfit beside the engine's
+    if result is not ctx.state.engine_overfit:  # the trainer's own overfit beside the engine's
         engine = ctx.state.engine_overfit
         ctx.series("engine_loss", engine.losses)
         ctx.measure("engine_overfit_steps", len(engine.losses), "steps")

@@ -37,7 +37,7 @@ def select_trainer(recipe) -> Trainer:
     origin = recipe.origin
     if origin is not None and origin.format in TRAINERS:
         trainer = trainer_named(origin.format)
-        if not trainer.missing():
+        if trainer.native and not trainer.missing():
             return trainer
     return trainer_named("builtin")
 

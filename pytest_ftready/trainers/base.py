@@ -111,6 +111,7 @@ class Trainer:
     step_trainer = "trainer"  # the step measurement
     module: Optional[str] = None  # what must import for this trainer to run here
     install = ""  # how to install it
+    native = True  # its own pipeline runs here; False: chosen only when [data] pipeline names it
 
     def missing(self) -> str:
         """"" when this trainer can run here, else what to install."""

@@ -30,7 +30,7 @@ def test_a_trainers_config_runs_that_trainer_where_it_is_installed_else_the_engi
         shutil.copy(ROOT / "examples" / "tiny" / "data" / "dataset_info.json", tiny_example / "data")
     recipe = load_recipe(tiny_example / config)
     own = trainer_named(recipe.origin.format)
-    assert select_trainer(recipe).name == ("builtin" if own.missing() else own.name)
+    assert select_trainer(recipe).name == ("builtin" if own.missing() or not own.native else own.name)
 
 
 def test_every_trainer_is_named_once_and_says_what_is_missing():
@@ -48,3 +48,17 @@ def test_data_and_model_checks_record_whose_pipeline_and_step_they_ran(make_stat
         assert (got["pipeline"], got["step_trainer"]) == ("builtin", "pytest-ftready engine"), check_id
     repro = {m.name for m in run_check(state, "repro.config").measured}
     assert "step_trainer" not in repro  # not a data or model check
+
+
+def test_asking_for_llamafactorys_pipeline_skips_saying_it_is_not_run_yet(tiny_example, real_machine, run_check):
+    from pytest_ftready.checks.registry import all_checks
+    from pytest_ftready.outcomes import Skip
+    from pytest_ftready.session.state import RunState
+
+    all_checks()
+    recipe = tiny_example / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace("[data]\n", "[data]\npipeline = \"llamafactory\"\n"))
+    run = RunState(artifacts_root=tiny_example / "arts", machine_factory=lambda: real_machine)
+    state = run.recipe_state(load_recipe(recipe))
+    with pytest.raises(Skip, match="does not run LLaMA-Factory's own preprocessing yet"):
+        run_check(state, "data.masking")
