@@ -236,8 +236,11 @@ def sft_trainer(model, tokenizer, rows: Sequence[dict], args, callbacks: Sequenc
 
 
 def train(trainer, **kwargs) -> None:
+    """``trainer.train``: the deprecations its own code and imports raise (a model card that
+    imports gradio and click while saving) are TRL's, not the user's."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
         trainer.train(**kwargs)
 
 
