@@ -73,13 +73,23 @@ def sft_settings(recipe, layout: Optional[str] = None) -> dict:
     return settings
 
 
+MIN_TRL = "1.9"  # the oldest TRL these checks were run with (1.9 beside Axolotl 0.19, 1.16); 0.24 lacks shuffle_dataset
+
+
 def trl_classes():
     """TRL's SFTConfig and SFTTrainer, or a Skip that says what to install."""
     try:
+        import trl
         from trl import SFTConfig, SFTTrainer
     except ImportError as exc:
         raise Skip(f"the recipe trains with TRL but trl is not installed ({exc}); "
                    "pip install 'pytest-ftready[trl]'") from None
+    from packaging.version import Version
+
+    if Version(trl.__version__) < Version(MIN_TRL):
+        raise Skip(f"the recipe trains with TRL but TRL {trl.__version__} is older than the {MIN_TRL} these checks "
+                   f"need; pip install 'trl>={MIN_TRL}' (where another trainer pins it lower, check the TRL run in an "
+                   "environment of its own)")
     return SFTConfig, SFTTrainer
 
 

@@ -12,10 +12,12 @@ from pytest_ftready.outcomes import Fail
 from pytest_ftready.recipe.schema import load_recipe
 from pytest_ftready.session.state import RunState
 from pytest_ftready.tiny import CHATML
+from pytest_ftready.trainers.trl import MIN_TRL
 
 from ..conftest import copy_example
 
-pytest.importorskip("trl", reason="TRL's own run needs trl (pip install 'pytest-ftready[trl]')")
+pytest.importorskip("trl", minversion=MIN_TRL, reason=f"TRL's own run needs trl >= {MIN_TRL} "
+                                                      "(pip install 'pytest-ftready[trl]')")
 
 ROOT = Path(__file__).resolve().parents[2]
 # The end-of-turn token outside the generation span: TRL accepts it, and never trains the stop.
