@@ -1,7 +1,8 @@
 """The trainers: one module per trainer holding what the plugin knows of it (its pipeline,
 its own training step, its save and resume), behind one interface (``base.Trainer``) that
 the session asks. ``builtin`` is pytest-ftready's own engine, the trainer of last resort;
-``trl``, ``axolotl`` and ``llamafactory`` run the team's trainer itself where it is installed.
+``trl`` runs TRL's own preprocessing, step, overfit and resume; ``axolotl`` Axolotl's own
+preprocessing (its step is still the engine's); ``llamafactory`` is selectable but not run yet.
 A trainer's config reader stays in ``recipe/importers/`` (the recipe is read before any
 trainer runs).
 
