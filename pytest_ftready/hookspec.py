@@ -14,4 +14,4 @@ def pytest_ftready_pipeline(recipe, tokenizer):
     """Return the team's own data pipeline, so the checks judge the labels their code makes:
     a function ``row: dict -> {"input_ids": [...], "labels": [...]}`` (the one their trainer
     maps over the dataset), a ``(function, collator)`` pair, or a
-    ``pytest_ftready.engine.pipeline.Pipeline``. None: the recipe's own pipeline. First result wins."""
+    ``pytest_ftready.trainers.base.Pipeline``. None: the recipe's own pipeline. First result wins."""

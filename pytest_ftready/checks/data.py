@@ -147,7 +147,6 @@ def data_masking(ctx) -> None:
     ctx.series("examples", views)
     report = gate.write(state.artifacts / "masking.html", masking_page(views, method))
     ctx.user_properties.append(("masking_report", str(report)))
-    ctx.measure("pipeline", state.pipeline.name, "")
     ctx.measure("trained_span_method", method, "")
     ctx.measure("encoded_fingerprint", f"{digest.fingerprint:016x}", "")  # changes with any token or label
     skipped = left_out(ctx, digest)
@@ -173,7 +172,8 @@ def data_masking(ctx) -> None:
     if messages:
         bad = digest.first_example(found) or sample[0]
         example = render_example(state.tokenizer, bad, known=gate.values())
-        raise Fail("\n".join(messages) + f"\nExample {bad.row.where} (trained tokens in [[...]]):\n{example}"
+        raise Fail(f"labels made by {method}:\n" + "\n".join(messages)
+                   + f"\nExample {bad.row.where} (trained tokens in [[...]]):\n{example}"
                    f"\nAll shown examples: {report}" + skipped)
 
 

@@ -3,7 +3,6 @@ artifact (adapter and merged model) and generate what the in-memory model genera
 
 from __future__ import annotations
 
-from ..engine.checkpoint import MissingState
 from ..outcomes import Fail
 from .registry import STAGES, check
 
@@ -11,26 +10,16 @@ from .registry import STAGES, check
 @check("lifecycle.resume", stage=STAGES["lifecycle"], requires=("data.masking", "model.step_memory"))
 def resume(ctx) -> None:
     """K steps straight vs K/2, save, resume in a fresh process, K/2 more: same losses."""
-    from ..engine.checkpoint import compare_losses, load_state, resume_in_fresh_process
-
-    state = ctx.state
-    saved = state.saved_run
-    try:
-        load_state(saved.folder)
-    except MissingState as exc:
-        raise Fail(f"the checkpoint lacks {exc}: a resume cannot continue the run") from None
-    ctx.measure("checkpoint_size", saved.checkpoint_bytes, "bytes")
-    half = saved.steps // 2
-    state.progress(f"lifecycle.resume: resuming step {half} in a fresh process", force=True)
-    resumed = resume_in_fresh_process(ctx.recipe, saved.folder, half, saved.steps, ctx.torch_device())
-    straight = saved.straight_losses
-    ctx.series("losses_straight", straight)
-    ctx.series("losses_resumed", resumed)
-    ctx.measure("resumed_steps", len(resumed), "steps")
-    difference = compare_losses(straight[half:], resumed, saved.exact)
-    if difference:
-        raise Fail(difference)
-    ctx.measure("resume_max_loss_difference", max(abs(a - b) for a, b in zip(straight[half:], resumed)), "nats")
+    run = ctx.state.resume_run  # the trainer's own checkpoint and resume
+    half = run.steps // 2
+    ctx.measure("checkpoint_size", run.checkpoint_bytes, "bytes")
+    ctx.series("losses_straight", run.straight_losses)
+    ctx.series("losses_resumed", run.resumed_losses)
+    ctx.measure("resumed_steps", len(run.resumed_losses), "steps")
+    ctx.measure("resume_max_loss_difference",
+                max(abs(a - b) for a, b in zip(run.straight_losses[half:], run.resumed_losses)), "nats")
+    if run.difference:
+        raise Fail(f"{ctx.state.trainer.step_trainer}: {run.difference}")
 
 
 @check("lifecycle.generate", stage=STAGES["lifecycle"] + 1, requires=("model.overfit",))

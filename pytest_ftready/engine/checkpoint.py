@@ -191,16 +191,26 @@ def resume_in_fresh_process(recipe, folder: Path, steps: int, total: int, torch_
                             timeout_s: float | None = None) -> list[float]:
     """Resume the checkpoint in a new Python process (nothing shared with this one) and train
     ``steps`` more; their losses. A worker that fails, or outlives ``timeout_s``, is a Fail."""
-    import os
-    import subprocess
-
     import torch
 
     from ..outcomes import Fail
     from . import worker
 
-    cmd = worker.command("resume", str(recipe.source), str(folder), str(steps), str(total), torch_device,
-                         str(torch.get_num_threads()))
+    payload = run_worker(worker.command("resume", str(recipe.source), str(folder), str(steps), str(total), torch_device,
+                                        str(torch.get_num_threads())), timeout_s)
+    if "missing" in payload:
+        raise Fail(f"the checkpoint lacks {payload['missing']}: a resume cannot continue the run")
+    return payload["losses"]
+
+
+def run_worker(cmd: list[str], timeout_s: float | None = None) -> dict:
+    """Run a worker in a fresh Python process; the JSON object of its last output line. A
+    worker that fails, or outlives ``timeout_s``, is a Fail naming its last error line."""
+    import os
+    import subprocess
+
+    from ..outcomes import Fail
+
     # run() kills the worker on any exception while waiting: the check's time limit, Ctrl-C
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
@@ -211,10 +221,7 @@ def resume_in_fresh_process(recipe, folder: Path, steps: int, total: int, torch_
     if proc.returncode != 0 or not lines:
         raise Fail(f"the resume in a fresh process failed (exit {proc.returncode}): "
                    f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
-    payload = json.loads(lines[-1])
-    if "missing" in payload:
-        raise Fail(f"the checkpoint lacks {payload['missing']}: a resume cannot continue the run")
-    return payload["losses"]
+    return json.loads(lines[-1])
 
 
 def compare_losses(straight: Sequence[float], resumed: Sequence[float], exact: bool) -> str:

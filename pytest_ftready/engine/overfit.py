@@ -53,21 +53,35 @@ def overfit(recipe, examples: Sequence, pad_id: int, torch_device: str, shared_b
                          f"(target {checks.overfit_loss})")
             if loss <= checks.overfit_loss:
                 break
-        changed_frozen = [n for n, fp in param_fingerprints(model, trainable=False).items() if fp != frozen_before[n]]
-        after = param_fingerprints(model, trainable=True)
-        unchanged = [n for n, fp in after.items() if fp == trained_before[n]]
-        if changed_frozen:
-            raise Fail(f"{len(changed_frozen)} frozen parameters changed during training, e.g. {changed_frozen[0]}")
-        if unchanged and len(unchanged) == len(after):
-            raise Fail(f"no trainable parameter changed in {len(losses)} steps (learning_rate = "
-                       f"{recipe.training.learning_rate}): the optimizer does not update the model")
-        if unchanged and len(losses) > 1:  # after one step LoRA's A has had no gradient yet (B starts at 0)
-            raise Fail(f"{len(unchanged)} of {len(after)} trainable parameters never changed in {len(losses)} steps, e.g. "
-                       f"{', '.join(unchanged[:3])}: they get no gradient or are not in the optimizer (a module "
-                       "outside the forward pass, or an optimizer built before the adapter was added)")
-        answer = greedy(model, prompt_ids, checks.max_new_tokens, stop_ids, pad_id, torch_device)
-        model.save_pretrained(ensure_private_dir(save_to))
-        make_private(save_to)
+        return judged(model, recipe, losses, frozen_before, trained_before, prompt_ids=prompt_ids,
+                      stop_ids=stop_ids, pad_id=pad_id, torch_device=torch_device, save_to=save_to,
+                      example_where=example_where)
+
+
+def judged(model, recipe, losses: list, frozen_before: dict, trained_before: dict, *, prompt_ids: list, stop_ids,
+           pad_id: int, torch_device: str, save_to: Path, example_where: str) -> OverfitResult:
+    """The overfit's result once its steps ran (by the engine or by a trainer): frozen weights
+    unchanged, trainable ones changed, every loss finite, the trained model's greedy answer,
+    its weights saved to ``save_to``."""
+    checks = recipe.checks
+    for step, loss in enumerate(losses, start=1):
+        if not math.isfinite(loss):
+            raise Fail(nonfinite_loss(loss, step, losses[:step - 1], recipe))
+    changed_frozen = [n for n, fp in param_fingerprints(model, trainable=False).items() if fp != frozen_before[n]]
+    after = param_fingerprints(model, trainable=True)
+    unchanged = [n for n, fp in after.items() if fp == trained_before[n]]
+    if changed_frozen:
+        raise Fail(f"{len(changed_frozen)} frozen parameters changed during training, e.g. {changed_frozen[0]}")
+    if unchanged and len(unchanged) == len(after):
+        raise Fail(f"no trainable parameter changed in {len(losses)} steps (learning_rate = "
+                   f"{recipe.training.learning_rate}): the optimizer does not update the model")
+    if unchanged and len(losses) > 1:  # after one step LoRA's A has had no gradient yet (B starts at 0)
+        raise Fail(f"{len(unchanged)} of {len(after)} trainable parameters never changed in {len(losses)} steps, e.g. "
+                   f"{', '.join(unchanged[:3])}: they get no gradient or are not in the optimizer (a module "
+                   "outside the forward pass, or an optimizer built before the adapter was added)")
+    answer = greedy(model, prompt_ids, checks.max_new_tokens, stop_ids, pad_id, torch_device)
+    model.save_pretrained(ensure_private_dir(save_to))
+    make_private(save_to)
     return OverfitResult(losses, losses[-1] <= checks.overfit_loss, save_to, list(prompt_ids), answer, example_where,
                          checks.overfit_loss, recipe.training.learning_rate)
 

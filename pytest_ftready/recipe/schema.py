@@ -106,8 +106,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "add_special_tokens": _k("bool", False, "the trainer tokenizes rendered text adding BOS/EOS"),
         "stop_tokens": _k("strs", [], "extra end-of-turn tokens besides EOS"),
         "roles": _k("table", {}, "ShareGPT speaker names mapped to roles, e.g. { bot = \"assistant\" }"),
-        "pipeline": _k("choice", "builtin", "what makes the training examples the checks judge and train on",
-                       choices=("builtin", "trl")),
+        "pipeline": _k("choice", "auto", "whose preprocessing and training step the checks run: auto = the "
+                       "config's trainer where it is installed, else builtin (pytest-ftready's own)",
+                       choices=("auto", "builtin", "trl", "axolotl", "llamafactory")),
     },
     "adapter": {
         "method": _k("choice", "lora", "none = full fine-tune", choices=("none", "lora")),

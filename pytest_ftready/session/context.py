@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from .state import RecipeState
 
+RUN_AREAS = ("data", "model", "lifecycle")  # checks whose result depends on whose pipeline and step ran
 
 class CheckContext:
     def __init__(self, state: RecipeState, spec, user_properties: Optional[list] = None,
@@ -52,6 +53,9 @@ class CheckContext:
             yield self
         finally:
             self.state.asking, self.state.timer = None, None
+            if self.spec.area in RUN_AREAS:
+                for name, value in self.state.run_names().items():
+                    self.measure(name, value)
             self.finish()
 
     def measure(self, name: str, value: Any, unit: str = "", estimate: bool = False) -> Any:

@@ -190,7 +190,7 @@ class RecipeState:
         """One streaming pass over the training files (data.passes.run_pass), in worker processes
         when the data is large and the pipeline is the built-in encoder."""
         from ..data.passes import PassFailed, run_pass, workers_for
-        from ..engine.pipeline import BuiltinPipeline
+        from ..trainers.builtin import BuiltinPipeline
 
         files, options = self.recipe.data.train, {}
         if encoding:
@@ -246,13 +246,29 @@ class RecipeState:
         except ValueError as exc:  # no chat template, slow tokenizer, unknown stop token
             raise Fail(str(exc)) from None
 
-    # ---- the pipeline: what makes the training examples (issue 12) ---------------------------
+    # ---- the trainer: whose preprocessing and whose step the checks run ----------------------
+    @fact
+    def trainer(self):
+        """The recipe's trainer (trainers.base.Trainer): the one [data] pipeline names, the
+        config's own trainer where it is installed, else the built-in engine."""
+        from ..trainers import select_trainer
+
+        return select_trainer(self.recipe)
+
     @fact
     def pipeline(self):
-        """What makes the training examples: the team's (hook), TRL's, or the built-in encoder."""
-        from ..engine.pipeline import select_pipeline
+        """What makes the training examples: the team's (hook), else the trainer's."""
+        from ..trainers import select_pipeline
 
         return select_pipeline(self)
+
+    def run_names(self) -> dict[str, str]:
+        """Whose preprocessing and whose step this recipe's checks ran, for the measurements
+        ``pipeline`` and ``step_trainer``; never raises (a pipeline that failed to build is
+        named by the trainer that would have built it)."""
+        trainer, pipeline = self.trainer, self.computed("pipeline")
+        return {"pipeline": pipeline.name if pipeline is not None else trainer.name,
+                "step_trainer": trainer.step_trainer}
 
     @fact
     def digest(self):
@@ -284,36 +300,37 @@ class RecipeState:
     # ---- what the engine measures ------------------------------------------------------------
     @fact
     def step(self):
-        """The recipe's worst-case training step, measured (engine.step.StepMeasurement)."""
-        from ..engine.step import measure_step, plain_timer
+        """The worst-case training step as the recipe's trainer runs it (engine.step.StepMeasurement)."""
+        return self.trainer.step(self)
 
-        return measure_step(self.recipe, self.training_examples(), self.tokenizer.pad_token_id, self.torch_device,
-                            self.shared_base, capacity_bytes=self.device.memory_total_bytes,
-                            count_tensors=not self.device.is_accelerator, timer=self.timer or plain_timer,
-                            rounds=self.recipe.checks.benchmark_rounds)
+    @fact
+    def engine_step(self):
+        """The built-in engine's worst-case step, the one every trainer's is compared with."""
+        from ..trainers.builtin import engine_step
+
+        return engine_step(self)
 
     @fact
     def overfit(self):
-        """The overfit of the first ``overfit_examples`` trainable examples (engine.overfit.OverfitResult)."""
-        from ..engine.overfit import overfit
+        """The trainer's overfit of the first ``overfit_examples`` examples (engine.overfit.OverfitResult)."""
+        return self.trainer.overfit(self)
 
-        examples = self.training_examples()[: self.recipe.checks.overfit_examples]
-        first = examples[0]
-        return overfit(self.recipe, examples, self.tokenizer.pad_token_id, self.torch_device, self.shared_base,
-                       prompt_ids=self.encoder.prompt_ids(first.row), stop_ids=self.encoder.stop_ids,
-                       save_to=self.scratch / "overfit-weights", example_where=first.row.where,
-                       progress=self.progress)
+    @fact
+    def engine_overfit(self):
+        """The built-in engine's overfit of the same examples."""
+        from ..trainers.builtin import engine_overfit
+
+        return engine_overfit(self)
 
     @fact
     def saved_run(self):
-        """K uninterrupted steps, and K/2 steps saved as a checkpoint (engine.checkpoint.SavedRun)."""
-        from ..engine.checkpoint import straight_and_half
+        """The trainer's straight run and its checkpoint at half the steps."""
+        return self.trainer.saved_run(self)
 
-        steps = max(2, self.recipe.checks.resume_steps // 2 * 2)
-        self.progress(f"training {steps} + {steps // 2} steps for the resume check", force=True)
-        return straight_and_half(self.recipe, self.training_examples(), self.tokenizer.pad_token_id,
-                                 self.torch_device, self.shared_base, self.scratch / "resume-checkpoint", steps,
-                                 exact=not self.device.is_accelerator)
+    @fact
+    def resume_run(self):
+        """The trainer's resume of ``saved_run`` in a fresh process (trainers.base.ResumeRun)."""
+        return self.trainer.resume(self, self.saved_run)
 
     @fact
     def sustained(self):

@@ -1,16 +1,19 @@
-"""Pipelines: rows -> training examples (input_ids, labels) and batches, as the run will make
-them. The data checks judge, and the model checks train on, what the recipe's pipeline makes:
+"""The interface every trainer offers the session, and the pipelines that are no trainer's own.
 
-* ``BuiltinPipeline``: pytest-ftready's own encoder (``encoding.Encoder``);
-* ``trl_pipeline.TrlPipeline``: TRL's SFTTrainer preparing and collating the rows itself;
-* ``FunctionPipeline``: a team's own formatting function (and collator), returned by the
-  ``pytest_ftready_pipeline`` hook in their conftest.py.
+A ``Trainer`` answers what the session asks of the run the team will launch: its
+``pipeline`` (rows -> training examples, judged by the data checks), its worst-case
+``step`` (peak memory, time), its ``overfit`` of a tiny sample, and its save-and-resume
+(``saved_run`` then ``resume``). ``name`` is the pipeline measurement (``pipeline = trl``),
+``step_trainer`` the step measurement (``step_trainer = trl SFTTrainer``).
 
-Labels not made by the built-in encoder get the same independent verification
-(``data.verify.judge_labels``). Imports no torch at module import."""
+Pipelines here: ``Pipeline`` (the interface), ``FunctionPipeline`` (a team's own formatting
+function from the ``pytest_ftready_pipeline`` hook). Labels not made by the built-in encoder
+get the same independent verification (``data.verify.judge_labels``). Imports no torch at
+module import."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from ..data.encoding import Encoded
@@ -28,22 +31,9 @@ class Pipeline:
 
     def collate(self, examples: Sequence[Encoded], pad_id: int) -> dict:
         """A padded batch (input_ids, attention_mask, labels as tensors)."""
-        from .batches import collate
+        from ..engine.batches import collate
 
         return collate(examples, pad_id)
-
-
-class BuiltinPipeline(Pipeline):
-    """pytest-ftready's encoder. It can travel to worker processes: the data pass
-    (data.passes) encodes large datasets with it in parallel."""
-
-    name = "builtin"
-
-    def __init__(self, encoder) -> None:
-        self.encoder = encoder
-
-    def encode(self, rows: Sequence) -> list[Encoded]:
-        return [self.encoder.encode(row) for row in rows]
 
 
 class FunctionPipeline(Pipeline):
@@ -79,6 +69,14 @@ class FunctionPipeline(Pipeline):
         return self.collator([{"input_ids": list(e.input_ids), "labels": list(e.labels)} for e in examples])
 
 
+def pipeline_stops(state) -> frozenset[int]:
+    """The end-of-turn token ids a pipeline's labels must train (EOS and the recipe's stop tokens)."""
+    from ..data.encoding import stop_token_ids
+    from ..engine.loading import generation_eos_ids
+
+    return stop_token_ids(state.tokenizer, generation_eos_ids(state.recipe), state.recipe.data.stop_tokens)
+
+
 def as_pipeline(provided: Any, recipe, tokenizer, stop_ids: frozenset[int]) -> Pipeline:
     """What a ``pytest_ftready_pipeline`` hook returned, as a Pipeline: a Pipeline as is, a
     function, or a (function, collator) pair."""
@@ -92,20 +90,51 @@ def as_pipeline(provided: Any, recipe, tokenizer, stop_ids: frozenset[int]) -> P
                      "row -> {input_ids, labels}, a (function, collator) pair, or a pytest_ftready Pipeline")
 
 
-def select_pipeline(state) -> Pipeline:
-    """The recipe's pipeline: the team's (``pytest_ftready_pipeline`` hook) first, then TRL's
-    (``[data] pipeline = "trl"``, set by the TRL importer), else the built-in encoder."""
-    from ..data.encoding import stop_token_ids
-    from .loading import generation_eos_ids
+# ---- the trainer interface ------------------------------------------------------------------
+@dataclass(frozen=True)
+class ResumeRun:
+    """A trainer's save-and-resume: ``steps`` uninterrupted losses, and the losses after a
+    resume at ``steps // 2`` in a fresh process. ``difference`` is "" when they match, else
+    what differs and, where it can be told, why."""
 
-    recipe, tokenizer = state.recipe, state.tokenizer
-    hook = getattr(state.run, "pipeline_hook", None)
-    provided = hook(recipe, tokenizer) if hook is not None else None
-    if provided is None and recipe.data.pipeline != "trl":
-        return BuiltinPipeline(state.encoder)
-    stops = stop_token_ids(tokenizer, generation_eos_ids(recipe), recipe.data.stop_tokens)
-    if provided is not None:
-        return as_pipeline(provided, recipe, tokenizer, stops)
-    from .trl_pipeline import TrlPipeline
+    straight_losses: list
+    resumed_losses: list
+    steps: int
+    checkpoint_bytes: int
+    difference: str
 
-    return TrlPipeline(recipe, tokenizer, stops)
+
+class Trainer:
+    """One trainer's knowledge, as the session asks for it (see the module docstring)."""
+
+    name = "trainer"  # the pipeline measurement
+    step_trainer = "trainer"  # the step measurement
+    module: Optional[str] = None  # what must import for this trainer to run here
+    install = ""  # how to install it
+    native = True  # its own pipeline runs here; False: chosen only when [data] pipeline names it
+
+    def missing(self) -> str:
+        """"" when this trainer can run here, else what to install."""
+        import importlib.util
+
+        if self.module is None or importlib.util.find_spec(self.module) is not None:
+            return ""
+        return f"{self.module} is not installed in this environment ({self.install})"
+
+    def pipeline(self, state) -> Pipeline:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def step(self, state):  # pragma: no cover - interface
+        """The worst-case step, measured (engine.step.StepMeasurement)."""
+        raise NotImplementedError
+
+    def overfit(self, state):  # pragma: no cover - interface
+        """The overfit of the first ``overfit_examples`` (engine.overfit.OverfitResult)."""
+        raise NotImplementedError
+
+    def saved_run(self, state):  # pragma: no cover - interface
+        """The straight run and the checkpoint at its half (anything with ``checkpoint_bytes``)."""
+        raise NotImplementedError
+
+    def resume(self, state, saved) -> ResumeRun:  # pragma: no cover - interface
+        raise NotImplementedError

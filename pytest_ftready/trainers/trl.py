@@ -1,0 +1,406 @@
+"""TRL: the training examples exactly as TRL's ``SFTTrainer`` prepares them (``TrlPipeline``),
+and TRL's own run (``TrlTrainer``): its step, overfit and save-and-resume through an
+``SFTTrainer`` with the config's SFTConfig settings (optimizer, scheduler, collator,
+gradient checkpointing), bounded by ``max_steps``.
+
+The pipeline: chat template or TRL's substituted training template, ``assistant_only_loss``,
+``completion_only_loss``, EOS handling, truncation, produced by TRL's own code: an
+``SFTTrainer`` is built over the rows and its prepared ``train_dataset`` and ``data_collator``
+are read. Nothing is re-implemented here. Data preparation reads the tokenizer, not the
+weights, so that trainer is built over a two-layer stand-in model with the tokenizer's
+vocabulary (loading an 8B model to tokenize would cost minutes). Rows are prepared unpacked
+and unshuffled so each example maps back to its row; packing does not change labels, TRL's
+collator is used for batches.
+
+The run: the recipe's model with the recipe's adapter (the engine's ``trainable``) handed to
+an ``SFTTrainer`` over the raw rows, so TRL tokenizes, collates, steps and checkpoints them
+itself; a resume is ``trainer.train(resume_from_checkpoint=...)`` in a fresh process.
+
+``trl`` is optional (``pip install 'pytest-ftready[trl]'``); without it the checks that need it skip."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ..data.encoding import Encoded
+from ..data.layouts import layout_of, read_sample
+from ..data.verify import IGNORE_INDEX, judge_labels
+from ..outcomes import Fail, Skip
+from .base import Pipeline, ResumeRun, Trainer, pipeline_stops
+from .builtin import resume_steps
+from . import hf
+
+# SFTConfig keys of a TRL config that shape the examples beyond what the recipe says.
+TRL_DATA_KEYS = ("truncation_mode", "eos_token", "pad_token", "dataset_text_field", "padding_free",
+                 "packing_strategy", "completion_only_loss", "assistant_only_loss")
+ROW_KEY = "ftready_row"
+FIXES = ("Fix it one of these ways: (1) give TRL a training template whose assistant turns sit inside "
+         "{% generation %} ... {% endgeneration %} (chat_template_path: a .jinja file, or [data] chat_template in "
+         "ftready.toml); (2) use prompt-completion rows with completion_only_loss: true; (3) build labels with "
+         "pytest-ftready's prefix-diff encoder (pytest_ftready.data.encoding.Encoder) and pass them in a 'labels' "
+         "column with dataset_kwargs: {skip_prepare_dataset: true} and a custom collator")
+
+
+CONVERSATIONS = ("messages", "sharegpt")  # layouts TRL trains as conversations
+PROMPT_COMPLETION = ("prompt_completion",)  # strings or message lists
+
+
+class TrainerRefused(ValueError):
+    """TRL would not start on this recipe: the message says what TRL said and how to fix it."""
+
+
+def sft_settings(recipe, layout: Optional[str] = None) -> dict:
+    """The SFTConfig data settings of the recipe for rows of ``layout`` (the recipe's format, or
+    the layout the rows show under format = "auto"); a TRL config's own data keys win."""
+    data = recipe.data
+    layout = layout or data.format
+    settings = {"max_length": data.max_length, "packing": bool(data.packing),
+                "assistant_only_loss": layout in CONVERSATIONS and data.train_on in ("assistant", "last_assistant"),
+                "completion_only_loss": layout in PROMPT_COMPLETION and data.train_on == "completion"}
+    origin = recipe.origin
+    if origin is not None and origin.format == "trl":
+        from ..recipe.importers.base import read_yaml
+
+        raw = read_yaml(Path(origin.source))
+        settings.update({key: raw[key] for key in TRL_DATA_KEYS if raw.get(key) is not None})
+    return settings
+
+
+MIN_TRL = "1.9"  # the oldest TRL these checks were run with (1.9 beside Axolotl 0.19, 1.16); 0.24 lacks shuffle_dataset
+
+
+def trl_classes():
+    """TRL's SFTConfig and SFTTrainer, or a Skip that says what to install."""
+    try:
+        import trl
+        from trl import SFTConfig, SFTTrainer
+    except ImportError as exc:
+        raise Skip(f"the recipe trains with TRL but trl is not installed ({exc}); "
+                   "pip install 'pytest-ftready[trl]'") from None
+    from packaging.version import Version
+
+    if Version(trl.__version__) < Version(MIN_TRL):
+        raise Skip(f"the recipe trains with TRL but TRL {trl.__version__} is older than the {MIN_TRL} these checks "
+                   f"need; pip install 'trl>={MIN_TRL}' (where another trainer pins it lower, check the TRL run in an "
+                   "environment of its own)")
+    return SFTConfig, SFTTrainer
+
+
+class TrlPipeline(Pipeline):
+    name = "trl"
+
+    def __init__(self, recipe, tokenizer, stop_ids: frozenset[int]) -> None:
+        self.recipe, self.tok, self.stop_ids = recipe, tokenizer, stop_ids
+        self.settings = sft_settings(recipe)
+        self.method = "TRL SFTTrainer"
+        self.substituted_template: Optional[str] = None
+        self._collator = None
+
+    def _trainer(self, rows: Sequence, max_length):
+        import datasets
+        import pyarrow
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        SFTConfig, SFTTrainer = trl_classes()
+        try:
+            table = datasets.Dataset.from_list([{**row.data, ROW_KEY: i} for i, row in enumerate(rows)])
+        except (TypeError, ValueError, pyarrow.ArrowException) as exc:
+            raise ValueError(f"the rows do not form one datasets.Dataset, as TRL needs them ({type(exc).__name__}: "
+                             f"{exc}); TRL's load_dataset would fail the same way: give every row the same fields "
+                             "and types") from None
+        if self.recipe.data.format == "auto" and rows:  # TRL decides from the rows' fields too
+            self.settings = sft_settings(self.recipe, layout_of(rows[0].data))
+        tok = copy.deepcopy(self.tok)  # TRL sets eos/pad tokens on the tokenizer it gets
+        stand_in = LlamaForCausalLM(LlamaConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                                num_attention_heads=1, num_key_value_heads=1, vocab_size=len(tok),
+                                                max_position_embeddings=max(16, max_length or 0)))
+        settings = {**self.settings, "max_length": max_length, "packing": False, "padding_free": False}
+        bars = datasets.is_progress_bar_enabled()
+        datasets.disable_progress_bar()
+        try:
+            with tempfile.TemporaryDirectory(prefix="ftready-trl-") as out, warnings.catch_warnings():
+                # TRL's own defaults trip transformers' deprecations (gradient_checkpointing): not the user's
+                warnings.simplefilter("ignore", FutureWarning)
+                args = SFTConfig(output_dir=out, use_cpu=True, report_to="none", shuffle_dataset=False,
+                                 dataset_num_proc=None, **settings)
+                return SFTTrainer(model=stand_in, args=args, train_dataset=table, processing_class=tok)
+        except (ValueError, RuntimeError) as exc:
+            import trl
+
+            said = " ".join(str(exc).split())
+            raise TrainerRefused(f"TRL {trl.__version__} refuses to start on this recipe (SFTTrainer raised "
+                                 f"{type(exc).__name__}: {said}). {FIXES}") from None
+        finally:
+            if bars:
+                datasets.enable_progress_bar()
+
+    def _prepared(self, rows: Sequence, max_length) -> dict[int, tuple[list[int], list[int]]]:
+        trainer = self._trainer(rows, max_length)
+        if max_length is not None:
+            self.substituted_template = trainer.chat_template
+            self._collator = trainer.data_collator
+            if trainer.chat_template:
+                self.method = "TRL SFTTrainer with TRL's substituted training template"
+        prepared = trainer.train_dataset
+        return {int(i): (list(ids), list(labels)) for i, ids, labels in
+                zip(prepared[ROW_KEY], prepared["input_ids"], prepared["labels"])}
+
+    def encode(self, rows: Sequence) -> list[Encoded]:
+        if not rows:
+            return []
+        kept = self._prepared(rows, self.recipe.data.max_length)
+        full = self._prepared(rows, None)
+        data = self.recipe.data
+        out = []
+        for i, row in enumerate(rows):
+            whole_ids, whole_labels = full.get(i, ((), ()))
+            trained_full = sum(1 for label in whole_labels if label != IGNORE_INDEX)
+            if i not in kept:  # TRL drops rows left without a trained token
+                kind = "truncated_all" if trained_full else "no_supervised"
+                detail = (f"TRL drops this row: max_length {data.max_length} leaves none of its {trained_full} trained "
+                          f"tokens ({len(whole_ids)} tokens)" if trained_full else "TRL trains no token of this row")
+                out.append(Encoded(row, (), (), self.method, len(whole_ids), trained_full, ((kind, detail),)))
+                continue
+            ids, labels = kept[i]
+            problems = judge_labels(self.tok, read_sample(row, data.format, data.train_on, data.roles)[0], data.train_on, ids, labels, self.stop_ids,
+                                    full_length=len(whole_ids) or None)
+            out.append(Encoded(row, tuple(ids), tuple(labels), self.method, len(whole_ids) or len(ids),
+                               trained_full, tuple(problems)))
+        return out
+
+    def collate(self, examples: Sequence[Encoded], pad_id: int) -> dict:
+        """A batch made by TRL's own collator (padding-free when the config says so)."""
+        if self._collator is None:
+            return super().collate(examples, pad_id)
+        collator = copy.copy(self._collator)
+        collator.padding_free = bool(self.settings.get("padding_free")) or (
+            bool(self.settings.get("packing")) and self.settings.get("packing_strategy", "bfd") in ("bfd", "bfd_split"))
+        return collator([{"input_ids": list(e.input_ids), "labels": list(e.labels)} for e in examples])
+
+
+# ---- TRL's own run ---------------------------------------------------------------------------
+OPTIM = {"adamw": "adamw_torch", "adamw_8bit": "adamw_bnb_8bit", "sgd": "sgd", "adafactor": "adafactor"}
+# SFTConfig keys of a TRL config that the checks set themselves (a bounded run, its logs, no hub).
+RUN_KEYS = frozenset(("output_dir", "max_steps", "num_train_epochs", "save_strategy", "save_steps", "save_total_limit",
+                      "logging_steps", "logging_strategy", "logging_first_step", "report_to", "push_to_hub",
+                      "resume_from_checkpoint", "run_name", "do_eval", "eval_strategy", "eval_steps", "use_cpu",
+                      "disable_tqdm", "shuffle_dataset", "dataset_num_proc", "hub_model_id", "hub_strategy",
+                      "overwrite_output_dir", "load_best_model_at_end", "model_init_kwargs"))
+ROWS_FILE = "rows.json"
+
+
+def run_args(recipe, output_dir: Path, torch_device: str, **bounded):
+    """The SFTConfig of the team's run: the recipe's training settings, a TRL config's own
+    SFTConfig keys over them (collator, optimizer, kernels), then ``bounded`` (steps, saving)."""
+    import dataclasses
+
+    SFTConfig, _ = trl_classes()
+    t = recipe.training
+    settings = {**sft_settings(recipe), "per_device_train_batch_size": t.micro_batch_size,
+                "gradient_accumulation_steps": t.gradient_accumulation_steps, "learning_rate": t.learning_rate,
+                "optim": OPTIM[t.optimizer], "lr_scheduler_type": t.lr_scheduler, "warmup_steps": t.warmup_steps,
+                "gradient_checkpointing": bool(t.gradient_checkpointing), "seed": t.seed}
+    origin = recipe.origin
+    if origin is not None and origin.format == "trl":
+        from ..recipe.importers.base import read_yaml
+
+        fields = {f.name for f in dataclasses.fields(SFTConfig)}
+        raw = read_yaml(Path(origin.source))
+        settings.update({k: v for k, v in raw.items() if k in fields and k not in RUN_KEYS})
+    settings.update(output_dir=str(output_dir), report_to="none", logging_steps=1, disable_tqdm=True,
+                    use_cpu=not torch_device.startswith(("cuda", "mps")), dataset_num_proc=None, **bounded)
+    with warnings.catch_warnings():  # TRL's own defaults trip transformers' deprecations: not the user's
+        warnings.simplefilter("ignore", FutureWarning)
+        return SFTConfig(**settings)
+
+
+def sft_trainer(model, tokenizer, rows: Sequence[dict], args, callbacks: Sequence = ()):
+    """An SFTTrainer over the raw rows: TRL tokenizes, masks and collates them itself."""
+    import datasets
+
+    _, SFTTrainer = trl_classes()
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            trainer = SFTTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(list(rows)),
+                                 processing_class=copy.deepcopy(tokenizer), callbacks=list(callbacks))
+    except (ValueError, RuntimeError) as exc:
+        import trl
+
+        raise Fail(f"TRL {trl.__version__} refuses to start on this recipe (SFTTrainer raised "
+                   f"{type(exc).__name__}: {' '.join(str(exc).split())}). {FIXES}") from None
+    finally:
+        if bars:
+            datasets.enable_progress_bar()
+    hf.quiet(trainer)
+    return trainer
+
+
+def train(trainer, **kwargs) -> None:
+    """``trainer.train``: the deprecations its own code and imports raise (a model card that
+    imports gradio and click while saving) are TRL's, not the user's."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        trainer.train(**kwargs)
+
+
+def row_data(examples: Sequence) -> list[dict]:
+    return [dict(e.row.data) for e in examples]
+
+
+def resume_args(recipe, folder: Path, torch_device: str, steps: int):
+    return run_args(recipe, folder, torch_device, max_steps=steps, save_strategy="steps", save_steps=steps // 2,
+                    save_total_limit=None)
+
+
+@dataclass(frozen=True)
+class SavedTrlRun:
+    folder: Path  # the run's output_dir, with rows.json
+    checkpoint: Path  # checkpoint-<steps // 2>
+    steps: int
+    logs: tuple  # hf.StepLog of every step of the uninterrupted run
+    checkpoint_bytes: int
+    exact: bool
+
+
+class TrlTrainer(Trainer):
+    name = "trl"
+    step_trainer = "trl SFTTrainer"
+    module = "trl"
+    install = "pip install 'pytest-ftready[trl]'"
+
+    def pipeline(self, state) -> Pipeline:
+        return TrlPipeline(state.recipe, state.tokenizer, pipeline_stops(state))
+
+    def step(self, state):
+        """The worst-case micro-batch (the longest rows) through one SFTTrainer step, its peak
+        memory measured as the engine measures its own; then the trainer's training_step timed."""
+        import statistics
+
+        import torch
+
+        from ..engine.breakdown import breakdown
+        from ..engine.memory import free_device_memory, peak_memory
+        from ..engine.step import StepMeasurement, plain_timer
+        from ..engine.trainable import num_layers, trainable
+
+        recipe, device = state.recipe, state.torch_device
+        mb = recipe.training.micro_batch_size
+        longest = sorted(state.training_examples(), key=lambda e: e.length, reverse=True)[:mb]
+        rows = [longest[i % len(longest)] for i in range(mb)]
+        capacity = state.device.memory_total_bytes
+        with trainable(recipe, device, state.shared_base) as model, tempfile.TemporaryDirectory(
+                prefix="trl-step-", dir=state.scratch) as out:
+            args = run_args(recipe, Path(out), device, max_steps=1, save_strategy="no", gradient_accumulation_steps=1,
+                            lr_scheduler_type="constant", warmup_steps=0, shuffle_dataset=False)
+            trainer = sft_trainer(model, state.tokenizer, row_data(rows), args)
+            batch = next(iter(trainer.get_train_dataloader()))
+            tokens = int(batch["input_ids"].numel())
+            layers = num_layers(model)
+            try:
+                with peak_memory(device, count_tensors=not state.device.is_accelerator) as peak:
+                    train(trainer)
+            except torch.OutOfMemoryError as exc:
+                free_device_memory(device)
+                return StepMeasurement(capacity or 0, capacity, 0, "", tokens, 0.0,
+                                       breakdown(model, trainer.optimizer, capacity or 0), layers,
+                                       out_of_memory=str(exc).splitlines()[0] if str(exc) else "OutOfMemoryError")
+            weights = sum(p.numel() * p.element_size() for p in model.parameters())
+            peak_bytes = peak.device_reserved_bytes if peak.device_reserved_bytes is not None else weights + peak.tensor_bytes
+            optimizer, scheduler = trainer.optimizer, trainer.lr_scheduler
+            inputs = trainer._prepare_inputs(batch)
+
+            def one_step() -> None:  # the trainer's own training_step (its loss, its backward), then its optimizer
+                trainer.training_step(model, inputs)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+
+            seconds = (state.timer or plain_timer)(one_step, recipe.checks.benchmark_rounds)
+            parts = breakdown(model, optimizer, peak_bytes)
+        return StepMeasurement(peak_bytes, capacity, peak.host_bytes, peak.host_method, tokens,
+                               statistics.median(seconds), parts, layers, peak.device_allocated_bytes,
+                               peak.device_reserved_bytes)
+
+    def overfit(self, state):
+        """The first ``overfit_examples`` rows, all of them in every optimizer step, through an
+        SFTTrainer at a constant learning rate until the loss threshold or ``overfit_steps``."""
+        from ..engine.overfit import judged
+        from ..engine.trainable import param_fingerprints, trainable
+
+        recipe, device, checks = state.recipe, state.torch_device, state.recipe.checks
+        examples = state.training_examples()[: checks.overfit_examples]
+        mb = recipe.training.micro_batch_size
+        logger = hf.step_logger(stop_below=checks.overfit_loss)
+        state.progress(f"model.overfit: TRL SFTTrainer, up to {checks.overfit_steps} steps", force=True)
+        with trainable(recipe, device, state.shared_base) as model, tempfile.TemporaryDirectory(
+                prefix="trl-overfit-", dir=state.scratch) as out:
+            frozen_before = param_fingerprints(model, trainable=False)
+            trained_before = param_fingerprints(model, trainable=True)
+            args = run_args(recipe, Path(out), device, max_steps=checks.overfit_steps, save_strategy="no",
+                            per_device_train_batch_size=mb, gradient_accumulation_steps=math.ceil(len(examples) / mb),
+                            lr_scheduler_type="constant", warmup_steps=0)
+            train(sft_trainer(model, state.tokenizer, row_data(examples), args, [logger]))
+            first = examples[0]
+            return judged(model, recipe, [log.loss for log in logger.logs], frozen_before, trained_before,
+                          prompt_ids=state.encoder.prompt_ids(first.row), stop_ids=state.encoder.stop_ids,
+                          pad_id=state.tokenizer.pad_token_id, torch_device=device,
+                          save_to=state.scratch / "overfit-weights", example_where=first.row.where)
+
+    def saved_run(self, state) -> SavedTrlRun:
+        """``steps`` uninterrupted SFTTrainer steps, checkpointed by TRL at ``steps // 2``."""
+        from ..engine.trainable import trainable
+        from ..files import ensure_private_dir, write_private
+
+        recipe, device = state.recipe, state.torch_device
+        t = recipe.training
+        steps = resume_steps(recipe)
+        examples = state.training_examples()[: max(2, t.micro_batch_size * t.gradient_accumulation_steps * steps)]
+        folder = ensure_private_dir(state.scratch / "trl-resume")
+        rows = row_data(examples)
+        write_private(folder / ROWS_FILE, json.dumps(rows))
+        logger = hf.step_logger()
+        state.progress(f"lifecycle.resume: {steps} SFTTrainer steps, a checkpoint at step {steps // 2}", force=True)
+        with trainable(recipe, device, state.shared_base) as model:
+            train(sft_trainer(model, state.tokenizer, rows, resume_args(recipe, folder, device, steps), [logger]))
+        checkpoint = folder / f"checkpoint-{steps // 2}"
+        if not checkpoint.is_dir():
+            raise Fail(f"TRL wrote no checkpoint at step {steps // 2} in {folder} (save_steps = {steps // 2})")
+        return SavedTrlRun(folder, checkpoint, steps, tuple(logger.logs), hf.checkpoint_bytes(checkpoint),
+                           exact=not state.device.is_accelerator)
+
+    def resume(self, state, saved: SavedTrlRun) -> ResumeRun:
+        from ..engine.checkpoint import run_worker
+        from . import worker
+
+        state.progress(f"lifecycle.resume: resuming TRL's checkpoint-{saved.steps // 2} in a fresh process", force=True)
+        payload = run_worker(worker.command("trl", str(state.recipe.source), str(saved.folder), str(saved.checkpoint),
+                                            str(saved.steps), state.torch_device))
+        resumed = [hf.StepLog(*log) for log in payload["logs"]]
+        return ResumeRun([log.loss for log in saved.logs], [log.loss for log in resumed], saved.steps,
+                         saved.checkpoint_bytes, hf.resume_difference(saved.logs, resumed, saved.checkpoint, saved.exact))
+
+    def resume_here(self, recipe, folder: Path, checkpoint: Path, steps: int, torch_device: str) -> list:
+        """In the fresh process: the same SFTTrainer over the same rows, resumed from
+        ``checkpoint`` with TRL's ``resume_from_checkpoint``; the logs of the steps it trains."""
+        from ..engine.loading import load_model, load_tokenizer
+        from ..engine.trainable import trainable
+
+        rows = json.loads((folder / ROWS_FILE).read_text())
+        tokenizer, base = load_tokenizer(recipe), load_model(recipe, torch_device)
+        logger = hf.step_logger()
+        with trainable(recipe, torch_device, lambda: base) as model:
+            trainer = sft_trainer(model, tokenizer, rows, resume_args(recipe, folder / "resumed", torch_device, steps),
+                                  [logger])
+            train(trainer, resume_from_checkpoint=str(checkpoint))
+        return [log.to_list() for log in logger.logs]

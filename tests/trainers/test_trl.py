@@ -1,0 +1,107 @@
+"""TRL's own run: a TRL config's step, overfit and resume go through TRL's SFTTrainer (real TRL,
+the real tiny model), beside the engine's; planted differences are caught naming TRL."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pytest_ftready.outcomes import Fail
+from pytest_ftready.recipe.schema import load_recipe
+from pytest_ftready.session.state import RunState
+from pytest_ftready.tiny import CHATML
+from pytest_ftready.trainers.trl import MIN_TRL
+
+from ..conftest import copy_example
+
+pytest.importorskip("trl", minversion=MIN_TRL, reason=f"TRL's own run needs trl >= {MIN_TRL} "
+                                                      "(pip install 'pytest-ftready[trl]')")
+
+ROOT = Path(__file__).resolve().parents[2]
+# The end-of-turn token outside the generation span: TRL accepts it, and never trains the stop.
+STOP_OUTSIDE = CHATML.replace("{{ message['content'] + '<|im_end|>' }}{% endgeneration %}",
+                              "{{ message['content'] }}{% endgeneration %}{{ '<|im_end|>' }}")
+
+
+def trl_folder(folder: Path, model_dir: Path, extra: str = "") -> Path:
+    """The tiny example's TRL config (+ ftready.toml) in ``folder``, with ``extra`` YAML lines."""
+    copy_example(folder, model_dir)
+    for name in ("trl-sft.yaml", "ftready.toml"):
+        shutil.copy(ROOT / "examples" / "tiny" / name, folder / name)
+    config = folder / "trl-sft.yaml"
+    config.write_text(config.read_text() + extra)
+    return config
+
+
+def state_for(config: Path, artifacts: Path, machine):
+    from pytest_ftready.checks.registry import all_checks
+
+    all_checks()
+    return RunState(artifacts_root=artifacts, machine_factory=lambda: machine).recipe_state(load_recipe(config))
+
+
+@pytest.fixture(scope="module")
+def trl_state(tmp_path_factory, tiny_model_dir, real_machine):
+    """One TRL config's state for the module: its facts (TRL's step, overfit, resume) computed once."""
+    folder = tmp_path_factory.mktemp("trl")
+    return state_for(trl_folder(folder / "tiny", tiny_model_dir), folder / "arts", real_machine)
+
+
+def values(ctx) -> dict:
+    return {m.name: m.value for m in ctx.measured}
+
+
+def test_a_trl_config_runs_the_step_in_trls_trainer_beside_the_engines(trl_state, run_check):
+    ctx = run_check(trl_state, "model.step_memory")
+    got = values(ctx)
+    assert got["pipeline"] == "trl" and got["step_trainer"] == "trl SFTTrainer"
+    assert trl_state.step is not trl_state.engine_step
+    assert got["peak_tensor_bytes"] > 0 and got["engine_peak_bytes"] > 0
+    # TRL pads a batch to its longest row; the engine's worst case pads to max_length
+    assert got["step_tokens"] <= got["engine_step_tokens"] == 4 * 128
+
+
+def test_trls_overfit_reaches_the_threshold_and_reports_the_engines_beside_it(trl_state, run_check):
+    got = values(run_check(trl_state, "model.overfit"))
+    assert got["step_trainer"] == "trl SFTTrainer"
+    assert got["overfit_final_loss"] <= 0.1 < got["overfit_first_loss"]
+    assert got["engine_overfit_final_loss"] <= 0.1  # the engine's run of the same examples, side by side
+    run_check(trl_state, "lifecycle.generate")  # TRL's trained adapter reloads and generates the same
+
+
+def test_trls_own_resume_in_a_fresh_process_gives_the_same_losses(trl_state, run_check):
+    got = values(run_check(trl_state, "lifecycle.resume"))
+    run = trl_state.resume_run
+    assert run.difference == "" and got["resume_max_loss_difference"] == 0.0
+    assert run.resumed_losses == run.straight_losses[run.steps // 2:]
+    assert (trl_state.saved_run.checkpoint / "scheduler.pt").exists()  # TRL's own checkpoint
+
+
+def test_a_resume_losing_the_scheduler_state_fails_naming_it(tmp_path, tiny_model_dir, real_machine, run_check):
+    state = state_for(trl_folder(tmp_path / "tiny", tiny_model_dir), tmp_path / "arts", real_machine)
+    (state.saved_run.checkpoint / "scheduler.pt").unlink()
+    with pytest.raises(Fail) as info:
+        run_check(state, "lifecycle.resume")
+    message = str(info.value)
+    assert message.startswith("trl SFTTrainer: step ")
+    assert "the scheduler state (scheduler.pt)" in message and "learning rate" in message
+
+
+def test_a_collator_padding_longer_than_the_engines_shows_both_step_memories(tmp_path, tiny_model_dir, real_machine,
+                                                                               run_check):
+    config = trl_folder(tmp_path / "tiny", tiny_model_dir, "pad_to_multiple_of: 512\n")
+    got = values(run_check(state_for(config, tmp_path / "arts", real_machine), "model.step_memory"))
+    assert got["step_tokens"] == 4 * 512 > got["engine_step_tokens"]
+    assert got["peak_tensor_bytes"] > got["engine_peak_bytes"] and got["peak_vs_engine"] > 1
+
+
+def test_a_template_whose_masks_trl_builds_wrong_fails_masking_naming_trl(tmp_path, tiny_model_dir, real_machine,
+                                                                         run_check):
+    config = trl_folder(tmp_path / "tiny", tiny_model_dir, "chat_template_path: stop-outside.jinja\n")
+    (config.parent / "stop-outside.jinja").write_text(STOP_OUTSIDE)
+    state = state_for(config, tmp_path / "arts", real_machine)
+    with pytest.raises(Fail) as info:
+        run_check(state, "data.masking")
+    assert "TRL SFTTrainer" in str(info.value) and "stop_untrained" in str(info.value)
