@@ -210,7 +210,7 @@ class RecipeState:
         """How this process encodes a chunk with the recipe's pipeline: ``encode`` and ``chunk_bytes``."""
         from ..data.passes import encode_with
         from ..data.rows import CHUNK_BYTES
-        from ..engine.pipeline import BuiltinPipeline
+        from ..trainers.builtin import BuiltinPipeline
 
         pipeline = self.pipeline
         if isinstance(pipeline, BuiltinPipeline):

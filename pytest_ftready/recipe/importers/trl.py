@@ -213,7 +213,7 @@ def _data(b: Builder) -> None:
         b.not_checked("dataset_text_field", f"read by TRL for plain-text rows only; these rows are {fmt}")
     if fmt:
         b.tables.setdefault("data", {})["format"] = fmt
-    b.tables.setdefault("data", {})["pipeline"] = "trl"  # the examples are TRL's own (engine/trl_pipeline.py)
+    b.tables.setdefault("data", {})["pipeline"] = "trl"  # the examples are TRL's own (trainers/trl.py)
     b.mapped.append(("(trl sft)", "[data] pipeline"))
 
 
