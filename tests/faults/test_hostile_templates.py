@@ -105,7 +105,8 @@ def test_template_failing_on_every_row_fails_template_naming_the_error(make_stat
 def test_template_rendering_nothing_fails_masking_it_would_train_nothing(make_state, fails, tiny_example, edit_recipe):
     _with_template(tiny_example, edit_recipe, "{{ '' }}")
     message = fails(make_state(), "data.masking")
-    assert message.startswith("prefix-diff would train on 0 tokens of 50 rows: the loss would look healthy and teach nothing")
+    assert message.startswith("labels made by prefix-diff:\nprefix-diff would train on 0 tokens of 50 rows: the loss would "
+                              "look healthy and teach nothing")
 
 
 def test_lone_surrogate_row_is_named_by_data_format_and_left_out_of_the_rest(make_state, run_check, fails, tiny_example):

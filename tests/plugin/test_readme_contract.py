@@ -115,6 +115,8 @@ CONTRACT: dict[str, dict[str, str]] = {
         "[checks]": "tests/recipe/test_max_regression.py::test_thresholds_per_kind_are_read",
         "FTREADY_SCALE_ROWS=1000000 pytest tests/benchmarks/test_scale.py -m scale --benchmark-json=scale.json":
             "tests/benchmarks/test_scale.py::test_data_checks_throughput",
+        # .ci/run's trainer_env builds this environment and runs tests/trainers/ in it
+        "python3 -m venv .venv-axolotl": "tests/trainers/test_axolotl.py::test_an_axolotl_config_checks_the_labels_axolotl_makes",
     },
 }
 
