@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..data.encoding import CHAT_METHODS, render_example
+from ..data.layouts import CHAT_LAYOUTS
 from ..data.lengths import padding_waste
 from ..data.digest import LISTED, sorted_sample
 from ..data.redaction import row_values
@@ -100,7 +101,8 @@ def data_template(ctx) -> None:
     in every row (plain prompt/completion and text rows use no template: only BOS is checked)."""
     recipe = ctx.recipe
     digest = encoded_rows(ctx, "render")
-    chat = bool(digest.methods & set(CHAT_METHODS))
+    # A conversation is a row of a chat layout, whichever pipeline (built-in, a trainer's) encoded it.
+    chat = bool(digest.methods & set(CHAT_METHODS)) or any(layout in CHAT_LAYOUTS for layout in ctx.state.rows.layouts)
     ctx.measure("template_source", _template_source(recipe) if chat else "none: no row is a conversation", "")
     ctx.measure("trained_span_method", span_methods(digest), "")
     skipped = left_out(ctx, digest)

@@ -306,5 +306,8 @@ def _read_text(data: dict, train_on: str, roles: dict) -> tuple[Optional[Sample]
     return Plain("text", "", data["text"]), []
 
 
+# The layouts rendered through the chat template (a Chat's ``layout``): what makes a row a conversation.
+CHAT_LAYOUTS = ("messages", "sharegpt", "alpaca", "prompt_completion (conversational)")
+
 READERS = {"messages": _read_messages, "sharegpt": _read_sharegpt, "alpaca": _read_alpaca,
            "prompt_completion": _read_prompt_completion, "text": _read_text}

@@ -47,6 +47,9 @@ def test_trl_with_a_marked_template_passes_on_trls_own_labels(trl_config, tmp_pa
     assert first.trained and first.labels[0] == -100
     batch = state.pipeline.collate(state.digest.head[:2], state.tokenizer.pad_token_id)
     assert batch["labels"].shape == batch["input_ids"].shape  # TRL's collator
+    # TRL's rows are still conversations: data.template names the template they render through
+    template = {m.name: m.value for m in run_check(state, "data.template").measured}
+    assert template["template_source"] in ("chat_template.jinja", "tokenizer_config.json"), template["template_source"]
 
 
 def test_trl_with_an_unmarked_template_fails_saying_what_trl_does(trl_config, tmp_path, real_machine, run_check):
