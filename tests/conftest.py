@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 # Before anything imports transformers / huggingface_hub (ENVIRONMENT.md).
 for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_PROGRESS_BARS",
@@ -17,6 +18,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny"
+
+# Tests that run only when a -m expression names their marker: the default `pytest tests` is the fast
+# core; CI runs `pytest tests -m "slow or faults_slow"` too (scale and published are run by hand).
+ON_REQUEST = ("slow", "faults_slow", "scale", "published")
+
+
+def pytest_collection_modifyitems(config, items):
+    asked = config.option.markexpr or ""
+    held = [name for name in ON_REQUEST if not re.search(rf"\b{name}\b", asked)]
+    keep = [item for item in items if not any(item.get_closest_marker(name) for name in held)]
+    if len(keep) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -128,6 +128,7 @@ def test_headroom_on_a_small_disk_and_a_short_budget(make_state, run_check):
         run_check(state, "headroom.time")
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_tiny_headroom_passes_with_measured_figures_in_junit(pytester, tiny_example):
     import xml.etree.ElementTree as ET
 

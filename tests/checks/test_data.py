@@ -11,6 +11,7 @@ from tests.helpers import outcomes, properties
 
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_one_malformed_line_fails_data_format_and_the_other_data_checks_run_on_the_rest(pytester, tiny_example):
     data = tiny_example / "data" / "train.jsonl"
     lines = data.read_text().splitlines()
@@ -48,6 +49,7 @@ def test_each_bad_row_is_listed_once_with_all_its_problems(make_state, run_check
     assert {m.name: m.value for m in state.run.measurements}["bad_rows"] == 13
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_eos_outside_the_trained_span_fails_masking_and_stops_the_expensive_checks(pytester, tiny_example, edit_recipe):
     (tiny_example / "broken.jinja").write_text(CHATML_EOS_OUTSIDE)
     recipe = edit_recipe(tiny_example / "recipe.toml", sample='4\nchat_template = "broken.jinja"')
@@ -64,6 +66,7 @@ def test_eos_outside_the_trained_span_fails_masking_and_stops_the_expensive_chec
     assert (pytester.path / ".ftready" / "tiny" / "masking.html").is_file()
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_packing_with_sdpa_matches_unpacked(pytester, tiny_example, edit_recipe):
     recipe = edit_recipe(tiny_example / "recipe.toml", packing="true")
     pytester.runpytest_subprocess(f"--ftready={recipe}", "-k", "packing or masking", "--junitxml=out.xml")

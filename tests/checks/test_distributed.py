@@ -53,6 +53,7 @@ def processes_of(folder: Path) -> list:
     return found
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_the_four_checks_pass_through_the_plugin(pytester, multi_recipe):
     result = pytester.runpytest_subprocess(f"--ftready={multi_recipe}", "-k", "distributed.", "--junitxml=out.xml",
                                            "-p", "no:cacheprovider")
@@ -103,6 +104,7 @@ def test_a_rank_killed_mid_collective_is_named_and_leaves_no_process(make_multi_
         run_check(state, "distributed.collectives")
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_an_fsdp_rank_with_too_little_memory_fails_the_step_naming_it(make_multi_state, run_check, monkeypatch):
     state = make_multi_state(strategy='"fsdp"')
     monkeypatch.setenv("FTREADY_TEST_RANK_CAPACITY", "1=1000000")

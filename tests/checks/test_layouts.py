@@ -4,6 +4,8 @@ while the other data checks run on the rest. One pytest run for all layouts (two
 
 from __future__ import annotations
 
+import pytest
+
 import shutil
 
 from pytest_ftready.tiny import LAYOUTS, layout_rows, write_jsonl
@@ -26,6 +28,7 @@ BROKEN = {
 CHECKS = ("data.format", "data.template", "data.masking")
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_every_layout_passes_the_data_checks_and_names_its_broken_row(pytester, tmp_path, tiny_model_dir):
     folder = tmp_path / "tiny"
     (folder / "layouts").mkdir(parents=True)

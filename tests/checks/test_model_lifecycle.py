@@ -91,6 +91,7 @@ def resume(state, folder, **sabotage):
     return resume_and_train(state.recipe, state.model, folder, 2, "cpu", state.tokenizer.pad_token_id, 4, **sabotage)
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_resume_is_exact_in_process_and_in_a_fresh_process(resumable):
     from pytest_ftready.engine.checkpoint import compare_losses, resume_in_fresh_process
 
@@ -133,6 +134,7 @@ def test_packing_that_leaks_across_examples_fails(make_state, monkeypatch, run_c
     assert {m.name: m.value for m in ctx.measured}["packing_max_loss_difference"] < 1e-4
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_a_failure_stops_the_whole_chain_below_it(pytester, tiny_example, edit_recipe):
     from tests.helpers import outcomes
 

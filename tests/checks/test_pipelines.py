@@ -115,6 +115,7 @@ def pytest_ftready_pipeline(recipe, tokenizer):
 '''
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_a_conftest_pipeline_hook_is_what_data_masking_checks(pytester, tiny_example):
     from tests.helpers import outcomes
 

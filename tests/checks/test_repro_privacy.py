@@ -138,6 +138,7 @@ def test_retention_and_backups(make_state, run_check, tiny_example):
 
 
 # ---- secrets and personal data, end to end ------------------------------------------------------
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_planted_data_is_found_and_never_printed_anywhere(pytester, tiny_example):
     data = tiny_example / "data" / "train.jsonl"
     rows = [json.loads(line) for line in data.read_text().splitlines()]

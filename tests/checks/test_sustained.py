@@ -138,6 +138,7 @@ def test_a_steady_cool_run_passes(gpu_state, run_check):
     run_check(state, "sustained.thermal")
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_cpu_short_mode_runs_sustained_and_the_sweep(pytester, tiny_example):
     recipe = tiny_example / "recipe.toml"
     pytester.runpytest_subprocess(f"--ftready={recipe}", "-m", "nightly", "--ftready-cpu-short",

@@ -143,6 +143,7 @@ LINES = st.lists(
 
 @PROPERTY
 @given(lines=LINES, crlf=st.booleans())
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_generated_rows_never_raise_and_every_line_is_accounted_for(tmp_path, lines, crlf):
     path = tmp_path / "train.jsonl"
     path.write_bytes((b"\r\n" if crlf else b"\n").join(lines))

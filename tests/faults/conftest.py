@@ -7,17 +7,6 @@ import pytest
 from pytest_ftready.outcomes import Fail
 
 
-def pytest_collection_modifyitems(config, items):
-    """``faults_slow`` cases run only when asked for (``pytest tests/faults -m faults_slow``, CI's
-    second line): the default run stays fast."""
-    if "faults_slow" in (config.option.markexpr or ""):
-        return
-    slow = [item for item in items if item.get_closest_marker("faults_slow")]
-    if slow:
-        items[:] = [item for item in items if item.get_closest_marker("faults_slow") is None]
-        config.hook.pytest_deselected(items=slow)
-
-
 @pytest.fixture
 def fails(run_check):
     """``fails(state, check_id)``: run the check, expect a Fail; returns its one-line message."""

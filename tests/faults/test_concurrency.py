@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_two_runs_sharing_an_artifacts_folder_never_use_each_others_checkpoint(make_state, run_check, tiny_example,
                                                                                real_machine, monkeypatch):
     from pytest_ftready.engine import checkpoint

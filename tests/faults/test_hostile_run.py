@@ -5,6 +5,8 @@ XML, with no traceback, no false pass, and nothing left readable by others."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import stat
 
@@ -15,6 +17,7 @@ from tests.faults.test_hostile_templates import WEATHER_CALL, WEATHER_TOOL
 from tests.helpers import outcomes, properties
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_hostile_inputs_in_one_run_each_end_in_a_clean_verdict(pytester, tiny_example):
     rows = example_rows()
     for i in range(0, 50, 10):

@@ -4,6 +4,8 @@ pytest-timeout); the worker is killed; the session goes on; nothing is left half
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import signal
 import subprocess
@@ -61,6 +63,7 @@ def _leftovers(arts) -> list[str]:
     return [str(p) for p in arts.rglob("*") if p.name.endswith(".tmp") or p.name.startswith(".run-")]
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_a_hung_step_fails_after_its_limit_and_the_session_goes_on(pytester, tiny_example):
     (tiny_example / "conftest.py").write_text(HANG_STEP)
     _limits(tiny_example / "recipe.toml", **{"model.step_memory": 10})
@@ -77,6 +80,7 @@ def test_a_hung_step_fails_after_its_limit_and_the_session_goes_on(pytester, tin
     assert _leftovers(arts) == []
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_a_resume_worker_that_never_returns_is_killed_at_the_limit(pytester, tiny_example):
     pidfile = pytester.path / "worker.pid"
     (tiny_example / "conftest.py").write_text(HANG_WORKER.format(pidfile=str(pidfile)))
@@ -93,6 +97,7 @@ def test_a_resume_worker_that_never_returns_is_killed_at_the_limit(pytester, tin
     assert _leftovers(arts) == []
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_ctrl_c_kills_the_worker_leaves_no_partial_artifact_and_says_what_ran(pytester, tiny_example):
     pidfile = pytester.path / "worker.pid"
     (tiny_example / "conftest.py").write_text(HANG_WORKER.format(pidfile=str(pidfile)))

@@ -75,6 +75,7 @@ def test_remote_code_is_refused_without_opt_in_and_never_runs(make_state, own_mo
     assert not ran.exists()
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_through_pytest_one_failure_and_every_dependent_skips_naming_it(pytester, tiny_example, own_model):
     import xml.etree.ElementTree as ET
 

@@ -3,6 +3,8 @@ torch.OutOfMemoryError raised by an allocation during the step."""
 
 from __future__ import annotations
 
+import pytest
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -86,6 +88,7 @@ trainable.make_trainable = no_memory_for_the_adapter
 """
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_out_of_memory_outside_the_measured_step_is_one_line_and_stops_dependents(pytester, tiny_example):
     import xml.etree.ElementTree as ET
 

@@ -69,6 +69,7 @@ def socket_guard(monkeypatch, tmp_path):
     attempts.extend(log.read_text().splitlines())
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_every_check_runs_offline_without_opening_a_socket(make_state, socket_guard, monkeypatch):
     from pytest_ftready.checks.registry import all_checks
     from pytest_ftready.collect import _expand

@@ -157,6 +157,7 @@ target = "RTX 4090"
 
 
 @pytest.mark.benchmark(group="forecast: Llama-3.1-8B-shaped config, QLoRA, 2048 tokens, no weights")
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_8b_qlora_forecast_weights_equal_parameters_times_storage_bytes(llama_8b_recipe, benchmark):
     import torch
     from transformers import AutoModelForCausalLM

@@ -64,6 +64,7 @@ def test_the_gitlab_job_runs_the_same_commands():
     assert flow["ftready:cheap"]["artifacts"]["reports"]["junit"] == "junit-cheap.xml"
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_the_workflow_commands_run_against_the_tiny_example(pytester, tiny_example, monkeypatch):
     flow = github()
     monkeypatch.setenv("FTREADY_RECIPE", str(tiny_example / "recipe.toml"))
@@ -99,6 +100,7 @@ def normalise(text: str, base: Path) -> str:
     return FIGURE.sub(lambda m: "<n>" + (m.group(2) or ""), text)
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_the_step_summary_of_a_failing_gated_run_matches_the_golden_file(pytester, tiny_example, edit_recipe,
                                                                       monkeypatch):
     summary = pytester.path / "step-summary.md"

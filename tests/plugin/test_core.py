@@ -63,6 +63,7 @@ def test_markers_are_registered(project):
                                  "@pytest.mark.ftready_data:*"])
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_node_ids_selection_and_skips_from_the_recipe(project):
     result = project.runpytest_subprocess("--ftready=recipe.toml", "--collect-only", "-q", "-m", "ftready_repro")
     assert "recipe.toml::repro.environment" in result.stdout.str()
@@ -129,6 +130,7 @@ def test_several_recipes_prefix_ids_with_their_names(project):
     assert "recipe.toml::demo/repro.environment" in out and "other.toml::other/repro.environment" in out
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_measurements_reach_benchmark_json(pytester, tiny_example):
     pytester.runpytest_subprocess(f"--ftready={tiny_example / 'recipe.toml'}", "-k", "step_memory or data.lengths",
                                   "--benchmark-json=bench.json")

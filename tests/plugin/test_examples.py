@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import shutil
 from pathlib import Path
 
@@ -11,6 +13,7 @@ from tests.helpers import outcomes
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_conftest_template_runs_with_the_fixtures(pytester, tiny_example):
     shutil.copy(ROOT / "conftest_templates" / "conftest.py", pytester.path / "test_team_checks.py")
     pytester.runpytest_subprocess(f"--ftready={tiny_example / 'recipe.toml'}", "test_team_checks.py", "-k",

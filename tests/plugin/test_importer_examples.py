@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import shutil
 from pathlib import Path
@@ -11,6 +13,7 @@ from tests.helpers import outcomes
 TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_the_three_examples_run_offline_through_the_plugin(pytester, tiny_example):
     for name in ("trl-sft.yaml", "axolotl.yml", "llamafactory.yaml", "ftready.toml"):
         shutil.copy(TINY / name, tiny_example / name)

@@ -9,6 +9,8 @@ import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import outcomes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,6 +98,8 @@ from pathlib import Path
 
 import pytest
 
+import pytest
+
 import pytest_ftready.engine.loading as loading
 
 LOADS = []
@@ -136,6 +140,7 @@ def test_zz_write_loads():
 """
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_variants_make_one_item_each_with_their_own_step_and_one_model_load(pytester, tiny_example):
     pytester.makepyfile(test_variants=VARIANT_TESTS)
     result = pytester.runpytest_subprocess(f"--ftready={tiny_example / 'recipe.toml'}", "test_variants.py",

@@ -3,6 +3,8 @@ user would: every one is found, and no output channel carries any of them, whole
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import xml.etree.ElementTree as ET
 
@@ -10,6 +12,7 @@ from pytest_ftready.data.scan import fingerprint
 from tests import planted
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_split_secrets_in_assistant_turns_leak_into_no_output(pytester, tiny_example, edit_recipe):
     data = tiny_example / "data" / "train.jsonl"
     rows = [json.loads(line) for line in data.read_text().splitlines()]

@@ -224,6 +224,7 @@ def test_nightly_checks_run_when_asked_and_are_named_when_deselected(tiny_full_r
            "long-running; run them with -m nightly or --ftready-nightly" in result.stdout
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_marker_expressions_select_as_documented(tiny_full_run):
     def selected(*args):
         out = run_pytest(tiny_full_run.folder, "--collect-only", *args).stdout
@@ -238,6 +239,7 @@ def test_marker_expressions_select_as_documented(tiny_full_run):
     assert result.returncode == 0 and {s for s, _ in outcomes(tiny_full_run.folder / "gpu.xml").values()} == {"skipped"}
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_a_k_run_keeps_the_full_figures_as_the_baseline_and_a_doubled_micro_batch_fails(tiny_full_run):
     """The issue's case: after a full run, `pytest -k masking` wrote the figures of one check over
     the full run's, and the README's regression gate then passed a micro-batch 4 -> 8."""

@@ -20,6 +20,7 @@ def peak_figures(artifacts):
             if e["check"] == "model.step_memory" and e["name"].startswith("peak_") and e["unit"] == "bytes"}
 
 
+@pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_a_larger_micro_batch_fails_step_memory_against_last_nights_figures(pytester, tiny_example, edit_recipe):
     recipe = f"--ftready={tiny_example / 'recipe.toml'}"
     # this shared CPU's step time varies several-fold under load; peak memory does not
