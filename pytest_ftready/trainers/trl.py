@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 from ..data.encoding import Encoded
 from ..data.layouts import layout_of, read_sample
 from ..data.verify import IGNORE_INDEX, judge_labels
-from ..outcomes import Fail, Skip
+from ..outcomes import Fail, Skip, out_of_memory
 from .base import Pipeline, ResumeRun, Trainer, pipeline_stops
 from .builtin import resume_steps
 from . import hf
@@ -287,8 +287,6 @@ class TrlTrainer(Trainer):
         memory measured as the engine measures its own; then the trainer's training_step timed."""
         import statistics
 
-        import torch
-
         from ..engine.breakdown import breakdown
         from ..engine.memory import free_device_memory, peak_memory
         from ..engine.step import StepMeasurement, plain_timer
@@ -310,11 +308,13 @@ class TrlTrainer(Trainer):
             try:
                 with peak_memory(device, count_tensors=not state.device.is_accelerator) as peak:
                     train(trainer)
-            except torch.OutOfMemoryError as exc:
+            except (RuntimeError, MemoryError) as exc:  # any allocator's out of memory (outcomes); other errors go on
+                reason = out_of_memory(exc)
+                if not reason:
+                    raise
                 free_device_memory(device)
                 return StepMeasurement(capacity or 0, capacity, 0, "", tokens, 0.0,
-                                       breakdown(model, trainer.optimizer, capacity or 0), layers,
-                                       out_of_memory=str(exc).splitlines()[0] if str(exc) else "OutOfMemoryError")
+                                       breakdown(model, trainer.optimizer, capacity or 0), layers, out_of_memory=reason)
             weights = sum(p.numel() * p.element_size() for p in model.parameters())
             peak_bytes = peak.device_reserved_bytes if peak.device_reserved_bytes is not None else weights + peak.tensor_bytes
             optimizer, scheduler = trainer.optimizer, trainer.lr_scheduler
