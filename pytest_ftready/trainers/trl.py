@@ -186,7 +186,8 @@ class TrlPipeline(Pipeline):
 
 
 # ---- TRL's own run ---------------------------------------------------------------------------
-OPTIM = {"adamw": "adamw_torch", "adamw_8bit": "adamw_bnb_8bit", "sgd": "sgd", "adafactor": "adafactor"}
+OPTIM = {"adamw": "adamw_torch", "adamw_8bit": "adamw_bnb_8bit", "paged_adamw": "paged_adamw_32bit",
+         "paged_adamw_8bit": "paged_adamw_8bit", "sgd": "sgd", "adafactor": "adafactor"}
 # SFTConfig keys of a TRL config that the checks set themselves (a bounded run, its logs, no hub).
 RUN_KEYS = frozenset(("output_dir", "max_steps", "num_train_epochs", "save_strategy", "save_steps", "save_total_limit",
                       "logging_steps", "logging_strategy", "logging_first_step", "report_to", "push_to_hub",

@@ -52,3 +52,14 @@ def test_on_an_accelerator_last_bit_differences_pass(tmp_path):
     resumed = [StepLog(3, 8.680001, 0.005, 408), StepLog(4, 8.93, 0.0025, 792)]
     assert resume_difference(STRAIGHT, resumed, full_checkpoint(tmp_path), exact=False) == ""
     assert resume_difference(STRAIGHT, resumed, full_checkpoint(tmp_path), exact=True)
+
+
+def test_every_recipe_optimizer_has_a_transformers_name_for_trls_run():
+    from transformers.training_args import OptimizerNames
+
+    from pytest_ftready.recipe.schema import SCHEMA
+    from pytest_ftready.trainers.trl import OPTIM
+
+    names = {o.value for o in OptimizerNames}
+    for choice in SCHEMA["training"]["optimizer"].choices:  # a recipe optimizer TRL's run cannot name is a KeyError
+        assert OPTIM[choice] in names, choice
