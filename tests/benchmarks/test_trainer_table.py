@@ -1,7 +1,8 @@
-"""The trainer-beside-engine table (tests/benchmarks/trainer_table.py): read from JUnit XML as
-pytest writes it, and, opt-in, the real runs: the tiny example as a TRL config and as the engine's
-recipe (FTREADY_TRAINER_TABLE=1, ~1 min), plus SmolLM2-135M as a TRL config where
-FTREADY_SMOLLM2_DIR names its model folder (several minutes on two cores)."""
+"""The trainer-beside-engine table (tests/benchmarks/trainer_table.py), read from JUnit XML as
+pytest writes it, and the step's peak by source line (peak_sources.py). Opt-in, the real runs:
+the tiny example as a TRL config and as the engine's recipe (FTREADY_TRAINER_TABLE=1, ~1 min),
+plus SmolLM2-135M as a TRL config where FTREADY_SMOLLM2_DIR names its model folder (~2 min
+more on two cores)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.benchmarks.peak_sources import measured
 from tests.benchmarks.trainer_table import figures, main, smollm2_config, table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,3 +83,13 @@ def test_trls_run_beside_the_engines_on_the_tiny_model_and_smollm2(tmp_path, tin
     if smol:
         big = rows["smollm2-trl-sft"]
         assert big["step_tokens"] == big["engine_step_tokens"] == 2 * 128 and big["engine_overfit_steps"]
+
+
+def test_peak_sources_account_for_every_byte_of_the_engines_peak(make_state):
+    from pytest_ftready.engine.memory import TensorBytes
+
+    track = TensorBytes.track
+    step, sources = measured(make_state(), "engine_step", top=10_000)
+    assert TensorBytes.track is track  # the counting is undone after the block
+    assert sum(nbytes for nbytes, _ in sources) == step.peak_bytes - step.breakdown.weights_bytes
+    assert any("ForCausalLMLoss" in where for _, where in sources)  # the loss over the full logits, named

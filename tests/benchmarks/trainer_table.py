@@ -187,7 +187,7 @@ overfit_loss = 0.3
 dtype: float32
 bf16: false
 attn_implementation: sdpa
-chat_template_path: smollm2.jinja
+chat_template_path: {(folder / "smollm2.jinja").resolve()}
 use_peft: true
 lora_r: 8
 lora_alpha: 32
