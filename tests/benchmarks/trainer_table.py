@@ -123,7 +123,8 @@ def table(rows: Sequence[Figures]) -> str:
     """A Markdown table: the trainer's figure, then the engine's beside it ("=" where the engine is the trainer)."""
     head = ("config", "pipeline", "step trainer", "step peak", "engine step peak", "peak / engine", "tokens/step",
             "engine tokens/step", "step s", "engine step s", "overfit steps", "engine overfit steps",
-            "overfit final loss", "engine overfit final loss", "resume", "forecast error", "engine forecast error")
+            "overfit final loss", "engine overfit final loss", "resume", "forecast error", "engine forecast error",
+            "not passed")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for f in rows:
         same = "=" if not f.own_step else None
@@ -135,7 +136,9 @@ def table(rows: Sequence[Figures]) -> str:
                  same or _fmt(f.engine_step_seconds, ".3f"), _fmt(f.overfit_steps, "d"),
                  same or _fmt(f.engine_overfit_steps, "d"), _fmt(f.overfit_final_loss, ".4f"),
                  same or _fmt(f.engine_overfit_final_loss, ".4f"), f.resume, _fmt(f.forecast_error, "+.1%"),
-                 same or _fmt(f.engine_forecast_error, "+.1%"))
+                 same or _fmt(f.engine_forecast_error, "+.1%"),
+                 ", ".join(f"{check} {outcome}" for check, outcome in sorted(f.outcomes.items()) if outcome != "passed")
+                 or "-")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
