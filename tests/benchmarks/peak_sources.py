@@ -74,18 +74,20 @@ def report(state, top: int = 12) -> str:
         step, sources = measured(state, fact, top)
         who = state.trainer.step_trainer if fact == "step" else "pytest-ftready engine"
         b = step.breakdown
+        created = step.peak_bytes - b.weights_bytes
         lines.append(f"{who}: peak {step.peak_bytes / 1e6:.2f} MB ({step.tokens_per_step} tokens): weights "
-                     f"{b.weights_bytes / 1e6:.2f} MB, created in the step {(step.peak_bytes - b.weights_bytes) / 1e6:.2f} MB")
+                     f"{b.weights_bytes / 1e6:.2f} MB, created in the step {created / 1e6:.2f} MB")
         for nbytes, where in sources or ():
             lines.append(f"  {nbytes / 1e6:10.2f} MB  {where}")
     return "\n".join(lines)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.peak_sources", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.peak_sources",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("config", type=Path)
     parser.add_argument("--top", type=int, default=12)
-    parser.add_argument("--artifacts", type=Path, default=Path(".ftready-peak-sources"))
+    parser.add_argument("--artifacts", type=Path, default=Path(".ftready") / "peak-sources")
     args = parser.parse_args(argv)
     import torch
 

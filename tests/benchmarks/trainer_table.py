@@ -215,11 +215,13 @@ report_to: none
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.trainer_table", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.trainer_table",
+                                     description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the model checks of each config, then print the table")
     run.add_argument("configs", nargs="+", type=Path)
-    run.add_argument("--out", type=Path, default=Path("trainer-table"), help="folder for the JUnit files")
+    run.add_argument("--out", type=Path, default=Path(".ftready") / "trainer-table",
+                     help="folder for the JUnit files")
     run.add_argument("--json", type=Path, help="also write the figures as JSON (for a dashboard)")
     shown = sub.add_parser("table", help="print the table of JUnit files already written")
     shown.add_argument("junit", nargs="+", type=Path)
