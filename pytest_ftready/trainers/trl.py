@@ -274,6 +274,20 @@ class SavedTrlRun:
     exact: bool
 
 
+def worst_case_padding(args, micro_batch: int) -> Optional[int]:
+    """The ``pad_to_multiple_of`` that makes TRL's own collator build the worst-case micro-batch,
+    the one the engine measures: every row padded to ``max_length`` rounded up to the config's
+    ``pad_to_multiple_of`` (padding-free: the one flattened row padded to ``micro_batch`` such
+    rows). Without it TRL pads to the longest row of the data, and its step would be measured on
+    fewer tokens than the engine's. None where nothing truncates (``max_length`` unset)."""
+    if not args.max_length:
+        return args.pad_to_multiple_of
+    multiple = args.pad_to_multiple_of or 1
+    row = math.ceil(args.max_length / multiple) * multiple
+    packed = args.padding_free or (args.packing and getattr(args, "packing_strategy", "bfd") in ("bfd", "bfd_split"))
+    return row * micro_batch if packed else row
+
+
 class TrlTrainer(Trainer):
     name = "trl"
     step_trainer = "trl SFTTrainer"
@@ -284,8 +298,9 @@ class TrlTrainer(Trainer):
         return TrlPipeline(state.recipe, state.tokenizer, pipeline_stops(state))
 
     def step(self, state):
-        """The worst-case micro-batch (the longest rows) through one SFTTrainer step, its peak
-        memory measured as the engine measures its own; then the trainer's training_step timed."""
+        """The worst-case micro-batch (the longest rows, padded by TRL's collator to the
+        worst-case length: ``worst_case_padding``) through one SFTTrainer step, its peak memory
+        measured as the engine measures its own; then the trainer's training_step timed."""
         import statistics
 
         from ..engine.breakdown import breakdown
@@ -300,8 +315,10 @@ class TrlTrainer(Trainer):
         capacity = state.device.memory_total_bytes
         with trainable(recipe, device, state.shared_base) as model, tempfile.TemporaryDirectory(
                 prefix="trl-step-", dir=state.scratch) as out:
-            args = run_args(recipe, Path(out), device, max_steps=1, save_strategy="no", gradient_accumulation_steps=1,
-                            lr_scheduler_type="constant", warmup_steps=0, shuffle_dataset=False)
+            bounded = dict(max_steps=1, save_strategy="no", gradient_accumulation_steps=1,
+                           lr_scheduler_type="constant", warmup_steps=0, shuffle_dataset=False)
+            args = run_args(recipe, Path(out), device, **bounded)
+            args = run_args(recipe, Path(out), device, **bounded, pad_to_multiple_of=worst_case_padding(args, mb))
             trainer = sft_trainer(model, state.tokenizer, row_data(rows), args)
             batch = next(iter(trainer.get_train_dataloader()))
             tokens = int(batch["input_ids"].numel())

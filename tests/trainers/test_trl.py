@@ -59,8 +59,19 @@ def test_a_trl_config_runs_the_step_in_trls_trainer_beside_the_engines(trl_state
     assert got["pipeline"] == "trl" and got["step_trainer"] == "trl SFTTrainer"
     assert trl_state.step is not trl_state.engine_step
     assert got["peak_tensor_bytes"] > 0 and got["engine_peak_bytes"] > 0
-    # TRL pads a batch to its longest row; the engine's worst case pads to max_length
-    assert got["step_tokens"] <= got["engine_step_tokens"] == 4 * 128
+    # the same worst-case micro-batch: TRL's collator pads the longest rows to max_length, as the engine does
+    assert got["step_tokens"] == got["engine_step_tokens"] == 4 * 128
+
+
+def test_the_forecast_is_judged_against_trls_own_step_and_names_it(trl_state, run_check):
+    try:
+        run_check(trl_state, "model.forecast_error")
+    except Fail as exc:  # TRL's step is not the engine's, which the forecast models: the message says both
+        assert "of trl SFTTrainer's step" in str(exc) and "engine step" in str(exc)
+    got = {m.name: m.value for m in trl_state.run.measurements if m.check == "model.forecast_error"}
+    assert got["measured_step_trainer"] == "trl SFTTrainer"
+    assert got["measured_peak"] == trl_state.step.peak_bytes != got["engine_measured_peak"]
+    assert got["forecast_error"] == pytest.approx((got["forecast_peak"] - got["measured_peak"]) / got["measured_peak"])
 
 
 def test_trls_overfit_reaches_the_threshold_and_reports_the_engines_beside_it(trl_state, run_check):
