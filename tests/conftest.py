@@ -66,6 +66,21 @@ def copy_example(folder: Path, model_dir: Path) -> Path:
     return folder
 
 
+def state_for(config: Path, artifacts: Path, machine):
+    """The RecipeState of a recipe or a trainer's config (its facts computed on demand), checks registered."""
+    from pytest_ftready.checks.registry import all_checks
+    from pytest_ftready.recipe.schema import load_recipe
+    from pytest_ftready.session.state import RunState
+
+    all_checks()
+    return RunState(artifacts_root=artifacts, machine_factory=lambda: machine).recipe_state(load_recipe(config))
+
+
+def values(ctx) -> dict:
+    """A check's measurements by name (its context from ``run_check``)."""
+    return {m.name: m.value for m in ctx.measured}
+
+
 @pytest.fixture
 def edit_recipe():
     """``edit_recipe(path, key='value', ...)``: replace whole ``key = ...`` lines of a recipe."""

@@ -1,0 +1,74 @@
+"""LLaMA-Factory's own run: a LLaMA-Factory config's rows are tokenized and labelled by
+LLaMA-Factory's template and supervised processor, and its step, overfit and resume go through
+the CustomSeq2SeqTrainer its run_sft builds (real LLaMA-Factory, the real tiny model), beside the
+engine's; planted differences are caught naming LLaMA-Factory. Runs where llamafactory imports
+(its own environment: .ci/run builds one); skipped elsewhere, saying so."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pytest_ftready.outcomes import Fail
+
+from ..conftest import copy_example, state_for, values
+
+pytest.importorskip("llamafactory", reason="LLaMA-Factory's own run needs llamafactory, installed in an environment "
+                                           "of its own (.ci/run builds one)")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def lf_folder(folder: Path, model_dir: Path, **edits) -> Path:
+    """The tiny example's LLaMA-Factory config (+ ftready.toml, dataset_info.json) in ``folder``,
+    with ``edits`` replacing (or adding) its keys."""
+    copy_example(folder, model_dir)
+    for name in ("llamafactory.yaml", "ftready.toml", "data/dataset_info.json"):
+        shutil.copy(ROOT / "examples" / "tiny" / name, folder / name)
+    config = folder / "llamafactory.yaml"
+    lines = [line for line in config.read_text().splitlines() if line.split(":")[0] not in edits]
+    config.write_text("\n".join(lines + [f"{key}: {value}" for key, value in edits.items()]) + "\n")
+    return config
+
+
+@pytest.fixture(scope="module")
+def lf_state(tmp_path_factory, tiny_model_dir, real_machine):
+    """One LLaMA-Factory config's state for the module: its pipeline, step, overfit and resume run once."""
+    config = lf_folder(tmp_path_factory.mktemp("llamafactory") / "tiny", tiny_model_dir)
+    return state_for(config, config.parent.parent / "arts", real_machine)
+
+
+def test_a_llamafactory_config_checks_the_labels_llamafactory_makes(lf_state, run_check):
+    got = values(run_check(lf_state, "data.masking"))
+    assert (got["pipeline"], got["step_trainer"]) == ("llamafactory", "llamafactory CustomSeq2SeqTrainer")
+    assert got["trained_span_method"] == "LLaMA-Factory template chatml"
+    assert 0 < got["trained_token_share"] < 0.5
+    team = lf_state.recipe.origin.source
+    assert not (Path(team).parent / "runs").exists()  # nothing written to the team's output_dir
+
+
+def test_a_llamafactory_config_runs_the_step_in_its_trainer_beside_the_engines(lf_state, run_check):
+    got = values(run_check(lf_state, "model.step_memory"))
+    assert (got["pipeline"], got["step_trainer"]) == ("llamafactory", "llamafactory CustomSeq2SeqTrainer")
+    assert lf_state.step is not lf_state.engine_step
+    assert got["peak_tensor_bytes"] > 0 and got["engine_peak_bytes"] > 0
+    # LLaMA-Factory pads a batch to its longest row (a multiple of 8); the engine's worst case to cutoff_len
+    assert got["step_tokens"] % 8 == 0 and got["step_tokens"] <= got["engine_step_tokens"] == 4 * 128
+
+
+def test_llamafactorys_overfit_reaches_the_threshold_beside_the_engines(lf_state, run_check):
+    got = values(run_check(lf_state, "model.overfit"))
+    assert got["step_trainer"] == "llamafactory CustomSeq2SeqTrainer"
+    assert got["overfit_final_loss"] <= 0.1 < got["overfit_first_loss"]
+    assert got["engine_overfit_final_loss"] <= 0.1  # the engine's run of the same examples, side by side
+
+
+def test_llamafactorys_own_resume_in_a_fresh_process_gives_the_same_losses(lf_state, run_check):
+    got = values(run_check(lf_state, "lifecycle.resume"))
+    run = lf_state.resume_run
+    assert run.difference == "" and got["resume_max_loss_difference"] == 0.0
+    assert run.resumed_losses == run.straight_losses[run.steps // 2:]
+    assert (lf_state.saved_run.checkpoint / "scheduler.pt").exists()  # LLaMA-Factory's own checkpoint
+    assert lf_state.saved_run.folder.is_relative_to(lf_state.scratch)
