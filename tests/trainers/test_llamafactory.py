@@ -72,3 +72,36 @@ def test_llamafactorys_own_resume_in_a_fresh_process_gives_the_same_losses(lf_st
     assert run.resumed_losses == run.straight_losses[run.steps // 2:]
     assert (lf_state.saved_run.checkpoint / "scheduler.pt").exists()  # LLaMA-Factory's own checkpoint
     assert lf_state.saved_run.folder.is_relative_to(lf_state.scratch)
+
+
+def test_a_resume_losing_the_scheduler_state_fails_naming_it(tmp_path, tiny_model_dir, real_machine, run_check):
+    state = state_for(lf_folder(tmp_path / "tiny", tiny_model_dir), tmp_path / "arts", real_machine)
+    (state.saved_run.checkpoint / "scheduler.pt").unlink()
+    with pytest.raises(Fail) as info:
+        run_check(state, "lifecycle.resume")
+    message = str(info.value)
+    assert message.startswith("llamafactory CustomSeq2SeqTrainer: step ")
+    assert "the scheduler state (scheduler.pt)" in message and "learning rate" in message
+
+
+def test_a_collator_padding_longer_than_the_engines_shows_both_step_memories(tmp_path, tiny_model_dir, real_machine,
+                                                                               run_check):
+    # The recipe says 64 tokens, the config's cutoff_len 128 rules LLaMA-Factory's run: its collator pads the
+    # longest rows (78 tokens) to 80, the engine's worst case to 64.
+    config = lf_folder(tmp_path / "tiny", tiny_model_dir)
+    side = config.parent / "ftready.toml"
+    side.write_text(side.read_text().replace("[data]\n", "[data]\nmax_length = 64\n"))
+    got = values(run_check(state_for(config, tmp_path / "arts", real_machine), "model.step_memory"))
+    assert got["engine_step_tokens"] == 4 * 64 < got["step_tokens"] == 4 * 80
+    assert got["peak_tensor_bytes"] > got["engine_peak_bytes"] and got["peak_vs_engine"] > 1
+
+
+def test_a_template_not_matching_the_models_chat_format_fails_masking_naming_llamafactory(tmp_path, tiny_model_dir,
+                                                                                         real_machine, run_check):
+    # template: llama3 on a ChatML model: the trained turns end in the text <|eot_id|>, never the model's <|im_end|>
+    config = lf_folder(tmp_path / "tiny", tiny_model_dir, template="llama3")
+    with pytest.raises(Fail) as info:
+        run_check(state_for(config, tmp_path / "arts", real_machine), "data.masking")
+    message = str(info.value)
+    assert message.startswith("labels made by LLaMA-Factory template llama3:") and "stop_untrained" in message
+    assert "<|eot_id|>" in message
