@@ -81,6 +81,16 @@ def values(ctx) -> dict:
     return {m.name: m.value for m in ctx.measured}
 
 
+def resume_failure_without(state, run_check, part: str) -> str:
+    """lifecycle.resume's failure message once ``part`` is deleted from the trainer's own checkpoint."""
+    from pytest_ftready.outcomes import Fail
+
+    (state.saved_run.checkpoint / part).unlink()
+    with pytest.raises(Fail) as info:
+        run_check(state, "lifecycle.resume")
+    return str(info.value)
+
+
 @pytest.fixture
 def edit_recipe():
     """``edit_recipe(path, key='value', ...)``: replace whole ``key = ...`` lines of a recipe."""

@@ -120,7 +120,8 @@ def judged_overfit(state, model, examples: Sequence, logs: Sequence[StepLog], be
     return judged(model, state.recipe, [log.loss for log in logs], *before,
                   prompt_ids=state.encoder.prompt_ids(first.row), stop_ids=state.encoder.stop_ids,
                   pad_id=state.tokenizer.pad_token_id, torch_device=state.torch_device,
-                  save_to=state.scratch / "overfit-weights", example_where=first.row.where)
+                  # not the engine's folder: the engine's overfit, run beside it, saves there
+                  save_to=state.scratch / f"overfit-weights-{state.trainer.name}", example_where=first.row.where)
 
 
 def train(trainer, **kwargs) -> None:

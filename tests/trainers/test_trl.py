@@ -12,7 +12,7 @@ from pytest_ftready.outcomes import Fail
 from pytest_ftready.tiny import CHATML
 from pytest_ftready.trainers.trl import MIN_TRL
 
-from ..conftest import copy_example, state_for, values
+from ..conftest import copy_example, resume_failure_without, state_for, values
 
 pytest.importorskip("trl", minversion=MIN_TRL, reason=f"TRL's own run needs trl >= {MIN_TRL} "
                                                       "(pip install 'pytest-ftready[trl]')")
@@ -68,10 +68,7 @@ def test_trls_own_resume_in_a_fresh_process_gives_the_same_losses(trl_state, run
 
 def test_a_resume_losing_the_scheduler_state_fails_naming_it(tmp_path, tiny_model_dir, real_machine, run_check):
     state = state_for(trl_folder(tmp_path / "tiny", tiny_model_dir), tmp_path / "arts", real_machine)
-    (state.saved_run.checkpoint / "scheduler.pt").unlink()
-    with pytest.raises(Fail) as info:
-        run_check(state, "lifecycle.resume")
-    message = str(info.value)
+    message = resume_failure_without(state, run_check, "scheduler.pt")
     assert message.startswith("trl SFTTrainer: step ")
     assert "the scheduler state (scheduler.pt)" in message and "learning rate" in message
 
