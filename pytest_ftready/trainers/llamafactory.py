@@ -60,6 +60,8 @@ RUN_KEYS = frozenset(("model_name_or_path", "dataset", "dataset_dir", "eval_data
                       "run_name", "push_to_hub", "hub_model_id", "hub_strategy", "resume_from_checkpoint", "do_eval",
                       "do_predict", "eval_strategy", "eval_steps", "load_best_model_at_end", "plot_loss",
                       "disable_tqdm", "use_cpu", "include_num_input_tokens_seen", "predict_with_generate"))
+# Config keys whose run is sharded over processes a launcher starts: not a run one test process can make.
+SHARDING_KEYS = ("deepspeed", "fsdp")
 # LLaMA-Factory logs every argument and example at INFO (and turns transformers' INFO on); the checks want its warnings.
 QUIET_ENV = {"LLAMAFACTORY_VERBOSITY": "WARN"}
 
@@ -132,7 +134,8 @@ def train_args(recipe, data_folder: Path, output_dir: Path, torch_device: str, *
     import transformers
 
     _, raw = config_of(recipe)
-    args: dict[str, Any] = {k: v for k, v in raw.items() if k not in RUN_KEYS}
+    # sharding keys are left out: the preprocessing does not depend on them, the own run skips on them (sft_trainer)
+    args: dict[str, Any] = {k: v for k, v in raw.items() if k not in RUN_KEYS and k not in SHARDING_KEYS}
     model = str(Path(recipe.model.path).resolve()) if recipe.model.path else raw.get("model_name_or_path")
     args.update(model_name_or_path=model, dataset=DATASET, dataset_dir=str(data_folder), do_train=True,
                 cache_dir=str(output_dir / "cache"), overwrite_cache=True, preprocessing_num_workers=None,
@@ -231,6 +234,11 @@ def sft_trainer(recipe, rows: Sequence[dict], folder: Path, torch_device: str, c
     from llamafactory.train.sft.trainer import CustomSeq2SeqTrainer
 
     source, raw = config_of(recipe)
+    sharded = [key for key in SHARDING_KEYS if raw.get(key)]
+    if sharded:
+        raise Skip(f"{source.name} shards the run ({', '.join(sharded)}): LLaMA-Factory's own step then runs in the "
+                   "processes its launcher starts (llamafactory-cli train on the GPU machine), not in one test "
+                   "process; the data checks still judge its preprocessing and the [distributed] checks its sharding")
     data_folder = write_rows(folder / "data", rows, dataset_entry(source, raw))
     model_args, data_args, training_args, finetuning_args, _ = train_args(recipe, data_folder, folder, torch_device,
                                                                           **bounded)

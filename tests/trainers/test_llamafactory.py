@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ftready.outcomes import Fail
+from pytest_ftready.outcomes import Fail, Skip
 
 from ..conftest import copy_example, resume_failure_without, state_for, values
 
@@ -73,6 +73,7 @@ def test_llamafactorys_own_resume_in_a_fresh_process_gives_the_same_losses(lf_st
     assert run.resumed_losses == run.straight_losses[run.steps // 2:]
     assert (lf_state.saved_run.checkpoint / "scheduler.pt").exists()  # LLaMA-Factory's own checkpoint
     assert lf_state.saved_run.folder.is_relative_to(lf_state.scratch)
+    assert all(log.tokens for log in lf_state.saved_run.logs)  # tokens per step logged: a data order can be named
 
 
 def test_a_resume_losing_the_scheduler_state_fails_naming_it(tmp_path, tiny_model_dir, real_machine, run_check):
@@ -103,3 +104,13 @@ def test_a_template_not_matching_the_models_chat_format_fails_masking_naming_lla
     message = str(info.value)
     assert message.startswith("labels made by LLaMA-Factory template llama3:") and "stop_untrained" in message
     assert "<|eot_id|>" in message
+
+
+def test_a_deepspeed_config_skips_llamafactorys_own_step_saying_it_needs_the_launcher(tmp_path, tiny_model_dir,
+                                                                                     real_machine, run_check):
+    config = lf_folder(tmp_path / "tiny", tiny_model_dir, deepspeed="ds_z2.json")
+    (config.parent / "ds_z2.json").write_text('{"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto"}')
+    state = state_for(config, tmp_path / "arts", real_machine)
+    with pytest.raises(Skip, match=r"shards the run \(deepspeed\).*llamafactory-cli train on the GPU machine"):
+        run_check(state, "model.step_memory")
+    assert values(run_check(state, "data.masking"))["pipeline"] == "llamafactory"  # its preprocessing still judged
