@@ -153,6 +153,22 @@ def train_args(recipe, data_folder: Path, output_dir: Path, torch_device: str, *
         transformers.utils.logging.set_verbosity(verbosity)
 
 
+@contextlib.contextmanager
+def rows_unlogged():
+    """LLaMA-Factory's converter and processor log a row they reject in full, and its loader prints
+    the first example: user data, which the checks report through their own redacting outputs only."""
+    import logging
+
+    root = logging.getLogger("llamafactory")
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        root.setLevel(level)
+
+
 def tokenizer_and_template(model_args, data_args) -> tuple[dict, Any]:
     """LLaMA-Factory's tokenizer (``load_tokenizer``) and the config's template, which sets the
     tokenizer's EOS and stop words (``get_template_and_fix_tokenizer``)."""
@@ -186,14 +202,14 @@ class LlamaFactoryPipeline(Pipeline):
         data_args = copy.copy(data_args)
         data_args.dataset_dir, data_args.cutoff_len = str(folder), cutoff_len
         tokenizer = self.tokenizer_module["tokenizer"]
-        with contextlib.redirect_stdout(io.StringIO()):
-            rows = _get_merged_dataset(data_args.dataset, model_args, data_args, training_args, stage="sft")
         processor = _get_dataset_processor(data_args, "sft", self.template, tokenizer, self.tokenizer_module["processor"])
         out = {}
-        for i, example in enumerate(rows):  # the batch LLaMA-Factory maps, one row at a time: a dropped row shows
-            made = processor.preprocess_dataset({key: [value] for key, value in example.items()})
-            if made["input_ids"]:
-                out[i] = (list(made["input_ids"][0]), list(made["labels"][0]))
+        with rows_unlogged():
+            rows = _get_merged_dataset(data_args.dataset, model_args, data_args, training_args, stage="sft")
+            for i, example in enumerate(rows):  # the batch LLaMA-Factory maps, one row at a time: a dropped row shows
+                made = processor.preprocess_dataset({key: [value] for key, value in example.items()})
+                if made["input_ids"]:
+                    out[i] = (list(made["input_ids"][0]), list(made["labels"][0]))
         return out
 
     def encode(self, rows: Sequence) -> list[Encoded]:
@@ -247,7 +263,7 @@ def sft_trainer(recipe, rows: Sequence[dict], folder: Path, torch_device: str, c
     bars = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bar()
     try:
-        with contextlib.redirect_stdout(io.StringIO()):  # it prints the first example, token by token
+        with rows_unlogged():
             dataset_module = get_dataset(template, model_args, data_args, training_args, stage="sft",
                                          **tokenizer_module)
     finally:

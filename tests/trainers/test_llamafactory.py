@@ -114,3 +114,19 @@ def test_a_deepspeed_config_skips_llamafactorys_own_step_saying_it_needs_the_lau
     with pytest.raises(Skip, match=r"shards the run \(deepspeed\).*llamafactory-cli train on the GPU machine"):
         run_check(state, "model.step_memory")
     assert values(run_check(state, "data.masking"))["pipeline"] == "llamafactory"  # its preprocessing still judged
+
+
+def test_a_row_llamafactory_drops_fails_masking_on_that_row_without_logging_it(tmp_path, tiny_model_dir, real_machine,
+                                                                              run_check, capsys, caplog):
+    import json
+
+    config = lf_folder(tmp_path / "tiny", tiny_model_dir)
+    turns = [{"role": "user", "content": "Hello zorbiquent?"}, {"role": "user", "content": "Still there?"},
+             {"role": "assistant", "content": "Yes."}]  # two user turns in a row: its converter rejects the row
+    with (config.parent / "data" / "train.jsonl").open("a") as rows:
+        rows.write(json.dumps({"messages": turns}) + "\n")
+    with pytest.raises(Fail) as info:
+        run_check(state_for(config, tmp_path / "arts", real_machine), "data.masking")
+    assert "LLaMA-Factory drops this row" in str(info.value) and "train.jsonl:51" in str(info.value)
+    seen = capsys.readouterr()
+    assert "zorbiquent" not in seen.out + seen.err + caplog.text
