@@ -130,3 +130,18 @@ def test_a_row_llamafactory_drops_fails_masking_on_that_row_without_logging_it(t
     assert "LLaMA-Factory drops this row" in str(info.value) and "train.jsonl:51" in str(info.value)
     seen = capsys.readouterr()
     assert "zorbiquent" not in seen.out + seen.err + caplog.text
+
+
+@pytest.mark.parametrize(("flag", "problem"), [("train_on_prompt", "wrong_role_trained"),
+                                               ("mask_history", "assistant_untrained")])
+def test_llamafactorys_own_label_flags_against_an_assistant_only_recipe_fail_masking(tmp_path, tiny_model_dir,
+                                                                                    real_machine, run_check, flag,
+                                                                                    problem):
+    # ftready.toml says every assistant turn trains; the config's own flag makes LLaMA-Factory label otherwise
+    config = lf_folder(tmp_path / "tiny", tiny_model_dir, **{flag: "true"})
+    side = config.parent / "ftready.toml"
+    side.write_text(side.read_text().replace("[data]\n", "[data]\ntrain_on = \"assistant\"\n"))
+    with pytest.raises(Fail) as info:
+        run_check(state_for(config, tmp_path / "arts", real_machine), "data.masking")
+    message = str(info.value)
+    assert message.startswith("labels made by LLaMA-Factory template chatml:") and problem in message
