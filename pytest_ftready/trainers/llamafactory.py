@@ -189,9 +189,7 @@ class LlamaFactoryPipeline(Pipeline):
         source, raw = config_of(self.recipe)
         self.entry = dataset_entry(source, raw)
         self.folder = Path(tempfile.mkdtemp(prefix="llamafactory-data-", dir=self.scratch))
-        # unpacked, so that each example is one row; packing joins rows without changing their labels
-        self.args = train_args(self.recipe, self.folder, self.folder / "out", state.torch_device, packing=False,
-                               neat_packing=False)
+        self.args = train_args(self.recipe, self.folder, self.folder / "out", state.torch_device)
         self.tokenizer_module, self.template = tokenizer_and_template(self.args[0], self.args[1])
         self.method = f"LLaMA-Factory template {self.args[1].template}"
 
@@ -201,6 +199,9 @@ class LlamaFactoryPipeline(Pipeline):
         model_args, data_args, training_args = self.args[:3]
         data_args = copy.copy(data_args)
         data_args.dataset_dir, data_args.cutoff_len = str(folder), cutoff_len
+        # unpacked, so that each example is one row: packing joins the rows its processor encoded one by one, with
+        # the cutoff_len its arguments set for packing (one token less), without changing their labels
+        data_args.packing = data_args.neat_packing = False
         tokenizer = self.tokenizer_module["tokenizer"]
         processor = _get_dataset_processor(data_args, "sft", self.template, tokenizer, self.tokenizer_module["processor"])
         out = {}

@@ -145,3 +145,10 @@ def test_llamafactorys_own_label_flags_against_an_assistant_only_recipe_fail_mas
         run_check(state_for(config, tmp_path / "arts", real_machine), "data.masking")
     message = str(info.value)
     assert message.startswith("labels made by LLaMA-Factory template chatml:") and problem in message
+
+
+def test_under_packing_the_rows_are_cut_where_llamafactory_cuts_them(tmp_path, tiny_model_dir, real_machine):
+    # packing: LLaMA-Factory encodes each row with cutoff_len - 1 tokens (its packed sequences then pad to cutoff_len)
+    config = lf_folder(tmp_path / "tiny", tiny_model_dir, packing="true", cutoff_len="64")
+    state = state_for(config, tmp_path / "arts", real_machine)
+    assert max(len(e.input_ids) for e in state.training_examples()) == 63 < max(state.digest.full_lengths)
