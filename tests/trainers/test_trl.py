@@ -9,12 +9,10 @@ from pathlib import Path
 import pytest
 
 from pytest_ftready.outcomes import Fail
-from pytest_ftready.recipe.schema import load_recipe
-from pytest_ftready.session.state import RunState
 from pytest_ftready.tiny import CHATML
 from pytest_ftready.trainers.trl import MIN_TRL
 
-from ..conftest import copy_example
+from ..conftest import copy_example, resume_failure_without, state_for, values
 
 pytest.importorskip("trl", minversion=MIN_TRL, reason=f"TRL's own run needs trl >= {MIN_TRL} "
                                                       "(pip install 'pytest-ftready[trl]')")
@@ -35,22 +33,11 @@ def trl_folder(folder: Path, model_dir: Path, extra: str = "") -> Path:
     return config
 
 
-def state_for(config: Path, artifacts: Path, machine):
-    from pytest_ftready.checks.registry import all_checks
-
-    all_checks()
-    return RunState(artifacts_root=artifacts, machine_factory=lambda: machine).recipe_state(load_recipe(config))
-
-
 @pytest.fixture(scope="module")
 def trl_state(tmp_path_factory, tiny_model_dir, real_machine):
     """One TRL config's state for the module: its facts (TRL's step, overfit, resume) computed once."""
     folder = tmp_path_factory.mktemp("trl")
     return state_for(trl_folder(folder / "tiny", tiny_model_dir), folder / "arts", real_machine)
-
-
-def values(ctx) -> dict:
-    return {m.name: m.value for m in ctx.measured}
 
 
 def test_a_trl_config_runs_the_step_in_trls_trainer_beside_the_engines(trl_state, run_check):
@@ -92,10 +79,7 @@ def test_trls_own_resume_in_a_fresh_process_gives_the_same_losses(trl_state, run
 
 def test_a_resume_losing_the_scheduler_state_fails_naming_it(tmp_path, tiny_model_dir, real_machine, run_check):
     state = state_for(trl_folder(tmp_path / "tiny", tiny_model_dir), tmp_path / "arts", real_machine)
-    (state.saved_run.checkpoint / "scheduler.pt").unlink()
-    with pytest.raises(Fail) as info:
-        run_check(state, "lifecycle.resume")
-    message = str(info.value)
+    message = resume_failure_without(state, run_check, "scheduler.pt")
     assert message.startswith("trl SFTTrainer: step ")
     assert "the scheduler state (scheduler.pt)" in message and "learning rate" in message
 
