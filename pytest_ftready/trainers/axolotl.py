@@ -1,32 +1,44 @@
 """Axolotl: the training examples as Axolotl's own prompt strategy tokenizes and labels each
 row (``axolotl.prompt_strategies.load(type, tokenizer, cfg, dataset)`` then
 ``tokenize_prompt(row)``, the function Axolotl's preprocess maps over the dataset), read from
-the team's config by Axolotl's own ``load_cfg``; nothing is written to the config's
-``dataset_prepared_path``. The labels get the plugin's independent verification.
+the team's config by Axolotl's own ``load_cfg``. The labels get the plugin's independent
+verification.
 
-The step, overfit and resume are the built-in engine's (``step_trainer`` says so): Axolotl's
-own Trainer is not run by the checks yet.
+Axolotl's own run (``AxolotlTrainer``): the step, overfit and save-and-resume through the
+Trainer Axolotl builds from the team's config (``load_cfg``, ``load_datasets``,
+``setup_model_and_trainer``): its model loading and adapter, its dataset preparation, its
+collator (sample_packing, pad_to_sequence_len), optimizer, scheduler, gradient checkpointing
+and kernels. Bounded: ``max_steps``, the rows the check chose (written to a file under the
+run's scratch folder), output_dir and ``dataset_prepared_path`` under that folder (never the
+team's), no tracking, no hub. A resume is ``trainer.train(resume_from_checkpoint=...)`` in a
+fresh process. What Axolotl cannot run on this machine (a CUDA kernel, an 8-bit optimizer) is
+a skip naming what it needs.
 
 Axolotl pins its own transformers and TRL, so it lives in its own environment with the plugin
-(see README, "The trainer's own run"); importing it costs about a minute here."""
+(see README, "The trainer's own run"); importing it costs 15 to 60 s."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from ..outcomes import Fail, Skip
-from .base import FunctionPipeline, Pipeline, pipeline_stops
-from .builtin import EngineTrainer
+from .base import FunctionPipeline, Pipeline, ResumeRun, Trainer, pipeline_stops
+from .builtin import resume_steps
+from . import hf
 
 # Axolotl reports usage unless told not to; the checks never send anything anywhere.
 QUIET_ENV = {"AXOLOTL_DO_NOT_TRACK": "1", "DO_NOT_TRACK": "1", "WANDB_DISABLED": "true"}
 
 
-def axolotl_cfg(recipe):
-    """The team's config as Axolotl reads it (``load_cfg``), the model at the recipe's path."""
+def axolotl_cfg(recipe, **overrides):
+    """The team's config as Axolotl reads it (``load_cfg``), the model at the recipe's path,
+    ``overrides`` over its keys (as ``axolotl train --key=value`` would)."""
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
     try:
@@ -37,9 +49,15 @@ def axolotl_cfg(recipe):
     origin = recipe.origin
     if origin is None or origin.format != "axolotl":
         raise Fail("[data] pipeline = \"axolotl\" needs an Axolotl config: run pytest --ftready=<your axolotl.yml>")
-    overrides = {"base_model": str(Path(recipe.model.path).resolve())} if recipe.model.path else {}
+    if recipe.model.path:
+        overrides = {"base_model": str(Path(recipe.model.path).resolve()), **overrides}
     with contextlib.redirect_stdout(io.StringIO()):  # load_cfg prints the whole resolved config
-        return load_cfg(origin.source, **overrides)
+        try:
+            return load_cfg(origin.source, **overrides)
+        except ValueError as exc:  # pydantic's ValidationError is one: Axolotl refuses the config
+            said = " ".join(str(exc).split())
+            raise Fail(f"{origin.source}: Axolotl refuses this config ({type(exc).__name__}: {said[:600]}); "
+                       "fix the key it names (axolotl preprocess would stop the same way)") from None
 
 
 class AxolotlPipeline(FunctionPipeline):
@@ -64,11 +82,233 @@ class AxolotlPipeline(FunctionPipeline):
         self.method = f"Axolotl {entry['type']}"
 
 
-class AxolotlTrainer(EngineTrainer):
+# ---- Axolotl's own run ------------------------------------------------------------------------
+ROWS_FILE = "rows.jsonl"
+# Keys the checks set on every run of theirs: nothing leaves the machine, nothing resumes by itself.
+UNTRACKED = {"use_wandb": False, "wandb_project": None, "use_mlflow": False, "mlflow_tracking_uri": None,
+             "use_comet": False, "use_tensorboard": False, "use_trackio": False, "use_otel_metrics": False,
+             "hub_model_id": None, "push_dataset_to_hub": None, "resume_from_checkpoint": None,
+             "auto_resume_from_checkpoints": False, "val_set_size": 0, "test_datasets": None,
+             "load_best_model_at_end": False, "save_first_step": False, "logging_steps": 1}
+# What an error Axolotl raises on this machine says it needs, and how the skip names it.
+NEEDS = (("bitsandbytes", "bitsandbytes with a CUDA GPU (an 8-bit or paged optimizer, 4/8-bit loading)"),
+         ("flash_attn", "flash-attn on a CUDA GPU"), ("flash attention", "flash-attn on a CUDA GPU"),
+         ("triton", "triton on a GPU"), ("cuda", "a CUDA GPU"), ("nccl", "a CUDA GPU"), ("liger", "a GPU (Liger kernels)"),
+         ("cut_cross_entropy", "a GPU (Cut Cross-Entropy)"))
+
+
+def needs_accelerator(state, exc: BaseException) -> None:
+    """Raise a Skip naming what Axolotl needs when ``exc`` says it cannot run here without an
+    accelerator; return when the error is something else (it then fails as itself)."""
+    if state.device.is_accelerator:
+        return
+    said = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    needed = next((what for word, what in NEEDS if word in said.lower()), None)
+    if needed is not None:
+        raise Skip(f"Axolotl cannot run this config's step on {state.device.name} ({said[:300]}): it needs {needed}; "
+                   "its preprocessing is checked here, run the model checks on the GPU machine") from None
+
+
+def write_rows(folder: Path, rows: Sequence[dict]) -> Path:
+    from ..files import ensure_private_dir, write_private
+
+    path = ensure_private_dir(folder) / ROWS_FILE
+    write_private(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    return path
+
+
+def run_cfg(recipe, folder: Path, **bounded):
+    """The team's config for a bounded run of the rows in ``folder/rows.jsonl``: the config's
+    dataset entry (its type, fields, roles) over that file; output and the prepared dataset
+    under ``folder``; ``bounded`` (steps, saving) over the rest."""
+    from ..recipe.importers.base import read_yaml
+
+    entries = read_yaml(Path(recipe.origin.source)).get("datasets") or [{}]
+    entry = {key: value for key, value in entries[0].items() if key not in ("data_files", "name", "split", "revision")}
+    entry.update(path=str(folder / ROWS_FILE), ds_type="json")
+    save_strategy = bounded.pop("save_strategy")  # load_cfg reads the string "no" as YAML's false
+    cfg = axolotl_cfg(recipe, datasets=[entry], output_dir=str(folder / "out"),
+                      dataset_prepared_path=str(folder / "prepared"), **UNTRACKED, **bounded)
+    cfg.save_strategy = save_strategy
+    # datasets >= 4 maps through a process pool even at num_proc = 1; None tokenizes in this process
+    cfg.dataset_num_proc = None
+    return cfg
+
+
+def axolotl_trainer(state, cfg, callbacks: Sequence = ()):
+    """The Trainer Axolotl builds for ``cfg`` (its dataset preparation, model, adapter,
+    collator, optimizer), quiet, with ``callbacks``."""
+    from axolotl.common.datasets import load_datasets
+    from axolotl.train import setup_model_and_trainer
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), hf.trainer_warnings():
+            trainer = setup_model_and_trainer(cfg, load_datasets(cfg=cfg))[0]
+    except (ImportError, RuntimeError, AssertionError, ValueError, OSError) as exc:
+        if state is not None:
+            needs_accelerator(state, exc)
+        raise Fail(f"Axolotl could not build its trainer for {cfg.axolotl_config_path}: {type(exc).__name__}: "
+                   f"{' '.join(str(exc).split())[:600]}") from None
+    hf.quiet(trainer)
+    for callback in callbacks:
+        trainer.add_callback(callback)
+    return trainer
+
+
+def train(state, trainer, **kwargs) -> None:
+    """``trainer.train``; the deprecations Axolotl's own code raises are Axolotl's, not the user's."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), hf.trainer_warnings():
+            trainer.train(**kwargs)
+    except (ImportError, RuntimeError, AssertionError) as exc:
+        if state is not None:
+            needs_accelerator(state, exc)
+        raise
+
+
+def row_data(examples: Sequence) -> list[dict]:
+    return [dict(e.row.data) for e in examples]
+
+
+def resume_cfg(recipe, folder: Path, steps: int):
+    return run_cfg(recipe, folder, max_steps=steps, save_strategy="steps", save_steps=steps // 2,
+                   save_total_limit=None)
+
+
+# Where Axolotl patches the libraries in place while it loads a model (its LoRA kernels replace the
+# attention class's forward, its loss and attention patches replace module functions).
+PATCHED = ("transformers.models.", "transformers.modeling_", "transformers.integrations.", "transformers.loss.",
+           "peft.tuners.")
+
+
+@contextlib.contextmanager
+def patches_undone():
+    """Run Axolotl, then put the library classes and module functions it patched back as they
+    were: the engine's runs after it, in the same process, must run the libraries' own code, and
+    the next Axolotl run patches them again itself (it checks its own marks, which go too)."""
+    import sys
+
+    modules = [m for name, m in list(sys.modules.items()) if m is not None and name.startswith(PATCHED)]
+    functions = {m: dict(vars(m)) for m in modules}
+    classes = {cls: dict(vars(cls)) for m in modules for cls in list(vars(m).values())
+               if isinstance(cls, type) and cls.__module__ == m.__name__}
+    try:
+        yield
+    finally:
+        for cls, before in classes.items():
+            for name in set(vars(cls)) - set(before):
+                delattr(cls, name)
+            for name, value in before.items():
+                if vars(cls).get(name) is not value:
+                    with contextlib.suppress(AttributeError, TypeError):  # read-only slots (__dict__)
+                        setattr(cls, name, value)
+        for module, before in functions.items():
+            module.__dict__.update(before)
+
+
+@dataclass(frozen=True)
+class SavedAxolotlRun:
+    folder: Path  # the run's folder: rows.jsonl, prepared/, out/checkpoint-*
+    checkpoint: Path  # out/checkpoint-<steps // 2>
+    steps: int
+    logs: tuple  # hf.StepLog of every step of the uninterrupted run
+    checkpoint_bytes: int
+    exact: bool
+
+
+class AxolotlTrainer(Trainer):
     name = "axolotl"
+    step_trainer = "axolotl AxolotlTrainer"  # the class axolotl.core.trainers.base builds for SFT
     module = "axolotl"
     install = ("pip install axolotl in an environment of its own beside pytest-ftready (it pins transformers and "
                "TRL): python -m venv V && V/bin/pip install torch axolotl pytest-ftready")
 
     def pipeline(self, state) -> Pipeline:
         return AxolotlPipeline(state)
+
+    def step(self, state):
+        """The worst-case micro-batch (the longest rows) through one step of Axolotl's Trainer,
+        its peak memory measured as the engine measures its own; then its training_step timed."""
+        import tempfile
+
+        state.progress("model.step_memory: one step of Axolotl's own Trainer", force=True)
+        with tempfile.TemporaryDirectory(prefix="axolotl-step-", dir=state.scratch) as out, patches_undone():
+            folder = Path(out)
+            write_rows(folder, row_data(hf.worst_case_rows(state)))
+            cfg = run_cfg(state.recipe, folder, max_steps=1, save_strategy="no", gradient_accumulation_steps=1,
+                          shuffle_merged_datasets=False)
+            trainer = axolotl_trainer(state, cfg)
+            return hf.measured_step(state, trainer, lambda: train(state, trainer))
+
+    def overfit(self, state):
+        """The first ``overfit_examples`` rows, all of them in every optimizer step, through
+        Axolotl's Trainer at a constant learning rate until the loss threshold or ``overfit_steps``."""
+        import math
+
+        from ..engine.overfit import judged
+        from ..engine.trainable import param_fingerprints
+
+        recipe, checks = state.recipe, state.recipe.checks
+        examples = state.training_examples()[: checks.overfit_examples]
+        if not examples:
+            raise Fail("no trainable example to overfit (see data.masking)")
+        mb = recipe.training.micro_batch_size
+        logger = hf.step_logger(stop_below=checks.overfit_loss)
+        state.progress(f"model.overfit: Axolotl's Trainer, up to {checks.overfit_steps} steps", force=True)
+        folder = state.scratch / "axolotl-overfit"
+        write_rows(folder, row_data(examples))
+        cfg = run_cfg(recipe, folder, max_steps=checks.overfit_steps, save_strategy="no",
+                      gradient_accumulation_steps=math.ceil(len(examples) / mb), lr_scheduler="constant",
+                      warmup_steps=0, warmup_ratio=None)
+        first = examples[0]
+        with patches_undone():
+            trainer = axolotl_trainer(state, cfg, [logger])
+            model = trainer.model
+            frozen_before = param_fingerprints(model, trainable=False)
+            trained_before = param_fingerprints(model, trainable=True)
+            train(state, trainer)
+            return judged(model, recipe, [log.loss for log in logger.logs], frozen_before, trained_before,
+                          prompt_ids=state.encoder.prompt_ids(first.row), stop_ids=state.encoder.stop_ids,
+                          pad_id=state.tokenizer.pad_token_id, torch_device=state.torch_device,
+                          save_to=state.scratch / "overfit-weights", example_where=first.row.where)
+
+    def saved_run(self, state) -> SavedAxolotlRun:
+        """``steps`` uninterrupted steps of Axolotl's Trainer, checkpointed by it at ``steps // 2``."""
+        recipe = state.recipe
+        t = recipe.training
+        steps = resume_steps(recipe)
+        examples = state.training_examples()[: max(2, t.micro_batch_size * t.gradient_accumulation_steps * steps)]
+        folder = state.scratch / "axolotl-resume"
+        write_rows(folder, row_data(examples))
+        logger = hf.step_logger()
+        state.progress(f"lifecycle.resume: {steps} steps of Axolotl's Trainer, a checkpoint at step {steps // 2}",
+                       force=True)
+        with patches_undone():
+            train(state, axolotl_trainer(state, resume_cfg(recipe, folder, steps), [logger]))
+        checkpoint = folder / "out" / f"checkpoint-{steps // 2}"
+        if not checkpoint.is_dir():
+            raise Fail(f"Axolotl wrote no checkpoint at step {steps // 2} in {folder / 'out'} (save_steps = {steps // 2})")
+        return SavedAxolotlRun(folder, checkpoint, steps, tuple(logger.logs), hf.checkpoint_bytes(checkpoint),
+                               exact=not state.device.is_accelerator)
+
+    def resume(self, state, saved: SavedAxolotlRun) -> ResumeRun:
+        from ..engine.checkpoint import run_worker
+        from . import worker
+
+        state.progress(f"lifecycle.resume: resuming Axolotl's checkpoint-{saved.steps // 2} in a fresh process",
+                       force=True)
+        payload = run_worker(worker.command("axolotl", str(state.recipe.source), str(saved.folder),
+                                            str(saved.checkpoint), str(saved.steps), state.torch_device))
+        resumed = [hf.StepLog(*log) for log in payload["logs"]]
+        return ResumeRun([log.loss for log in saved.logs], [log.loss for log in resumed], saved.steps,
+                         saved.checkpoint_bytes, hf.resume_difference(saved.logs, resumed, saved.checkpoint, saved.exact))
+
+    def resume_here(self, recipe, folder: Path, checkpoint: Path, steps: int, torch_device: str) -> list:
+        """In the fresh process: the same config over the same rows (Axolotl finds the dataset it
+        prepared), resumed from ``checkpoint`` with ``resume_from_checkpoint``; the logs of the
+        steps it trains."""
+        logger = hf.step_logger()
+        cfg = resume_cfg(recipe, folder, steps)
+        cfg.output_dir = str(folder / "resumed")
+        train(None, axolotl_trainer(None, cfg, [logger]), resume_from_checkpoint=str(checkpoint))
+        return [log.to_list() for log in logger.logs]

@@ -1,20 +1,27 @@
 """What the trainers built on ``transformers.Trainer`` (TRL, Axolotl, LLaMA-Factory) share:
-the log of every optimizer step (loss, learning rate, tokens), the parts of a Trainer
-checkpoint a resume needs, and the cause of a resume whose losses differ. Imports
-transformers only inside the functions that need it."""
+the worst-case step measured through a built Trainer (``measured_step``), the log of every
+optimizer step (loss, learning rate, tokens), the parts of a Trainer checkpoint a resume
+needs, and the cause of a resume whose losses differ. Imports transformers only inside the
+functions that need it."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 # The files of a transformers.Trainer checkpoint a resume needs, and what each holds.
 CHECKPOINT_PARTS = (("optimizer.pt", "the optimizer state (optimizer.pt)"),
                     ("scheduler.pt", "the scheduler state (scheduler.pt)"),
                     ("rng_state.pth", "the RNG state (rng_state.pth)"),
                     ("trainer_state.json", "the trainer state: step and data position (trainer_state.json)"))
+
+
+# The cumulative token count a trainer logs: TRL's num_tokens, Axolotl's trained tokens.
+TOKEN_KEYS = ("num_tokens", "tokens/trainable")
 
 
 @dataclass(frozen=True)
@@ -42,7 +49,8 @@ def step_logger(stop_below: Optional[float] = None):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
                 loss = float(logs["loss"])
-                self.logs.append(StepLog(state.global_step, loss, logs.get("learning_rate"), logs.get("num_tokens")))
+                tokens = next((float(logs[key]) for key in TOKEN_KEYS if key in logs), None)
+                self.logs.append(StepLog(state.global_step, loss, logs.get("learning_rate"), tokens))
                 if not math.isfinite(loss) or (stop_below is not None and loss <= stop_below):
                     control.should_training_stop = True
 
@@ -55,6 +63,71 @@ def quiet(trainer) -> None:
 
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
+
+
+@contextlib.contextmanager
+def trainer_warnings():
+    """The warnings a trainer's own code raises (its deprecations, its DataLoader's pin_memory
+    without an accelerator) are the trainer's, not the user's: ignored while it runs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*'pin_memory' argument is set as true but no accelerator")
+        yield
+
+
+def worst_case_rows(state) -> list:
+    """The worst-case micro-batch a trainer's step runs: the ``micro_batch_size`` longest
+    training examples (repeated when there are fewer)."""
+    mb = state.recipe.training.micro_batch_size
+    longest = sorted(state.training_examples(), key=lambda e: e.length, reverse=True)[:mb]
+    return [longest[i % len(longest)] for i in range(mb)]
+
+
+def measured_step(state, trainer, train: Callable[[], None]):
+    """The step of a Trainer built for one ``max_steps = 1`` run over the worst-case micro-batch:
+    ``train()`` runs it under the engine's peak-memory measurement, then the trainer's own
+    ``training_step`` (its loss, its backward) and its optimizer are timed as the engine times
+    its step (engine.step.StepMeasurement; out of memory is a measurement, any allocator's)."""
+    import statistics
+
+    from ..engine.breakdown import breakdown
+    from ..engine.memory import free_device_memory, peak_memory
+    from ..engine.step import StepMeasurement, plain_timer
+    from ..engine.trainable import num_layers
+    from ..outcomes import out_of_memory
+
+    device, model = state.torch_device, trainer.model
+    capacity = state.device.memory_total_bytes
+    with trainer_warnings():
+        batch = next(iter(trainer.get_train_dataloader()))
+    tokens = int(batch["input_ids"].numel())
+    layers = num_layers(model)
+    try:
+        with peak_memory(device, count_tensors=not state.device.is_accelerator) as peak:
+            train()
+    except (RuntimeError, MemoryError) as exc:  # any allocator's out of memory (outcomes); other errors go on
+        reason = out_of_memory(exc)
+        if not reason:
+            raise
+        free_device_memory(device)
+        return StepMeasurement(capacity or 0, capacity, 0, "", tokens, 0.0,
+                               breakdown(model, trainer.optimizer, capacity or 0), layers, out_of_memory=reason)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    peak_bytes = peak.device_reserved_bytes if peak.device_reserved_bytes is not None else weights + peak.tensor_bytes
+    optimizer, scheduler = trainer.optimizer, trainer.lr_scheduler
+    inputs = trainer._prepare_inputs(batch)
+
+    def one_step() -> None:  # the trainer's own training_step (its loss, its backward), then its optimizer
+        trainer.training_step(model, inputs)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    seconds = (state.timer or plain_timer)(one_step, state.recipe.checks.benchmark_rounds)
+    return StepMeasurement(peak_bytes, capacity, peak.host_bytes, peak.host_method, tokens, statistics.median(seconds),
+                           breakdown(model, optimizer, peak_bytes), layers, peak.device_allocated_bytes,
+                           peak.device_reserved_bytes)
 
 
 def checkpoint_bytes(folder: Path) -> int:

@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 from ..data.encoding import Encoded
 from ..data.layouts import layout_of, read_sample
 from ..data.verify import IGNORE_INDEX, judge_labels
-from ..outcomes import Fail, Skip, out_of_memory
+from ..outcomes import Fail, Skip
 from .base import Pipeline, ResumeRun, Trainer, pipeline_stops
 from .builtin import resume_steps
 from . import hf
@@ -286,52 +286,15 @@ class TrlTrainer(Trainer):
     def step(self, state):
         """The worst-case micro-batch (the longest rows) through one SFTTrainer step, its peak
         memory measured as the engine measures its own; then the trainer's training_step timed."""
-        import statistics
-
-        from ..engine.breakdown import breakdown
-        from ..engine.memory import free_device_memory, peak_memory
-        from ..engine.step import StepMeasurement, plain_timer
-        from ..engine.trainable import num_layers, trainable
+        from ..engine.trainable import trainable
 
         recipe, device = state.recipe, state.torch_device
-        mb = recipe.training.micro_batch_size
-        longest = sorted(state.training_examples(), key=lambda e: e.length, reverse=True)[:mb]
-        rows = [longest[i % len(longest)] for i in range(mb)]
-        capacity = state.device.memory_total_bytes
         with trainable(recipe, device, state.shared_base) as model, tempfile.TemporaryDirectory(
                 prefix="trl-step-", dir=state.scratch) as out:
             args = run_args(recipe, Path(out), device, max_steps=1, save_strategy="no", gradient_accumulation_steps=1,
                             lr_scheduler_type="constant", warmup_steps=0, shuffle_dataset=False)
-            trainer = sft_trainer(model, state.tokenizer, row_data(rows), args)
-            batch = next(iter(trainer.get_train_dataloader()))
-            tokens = int(batch["input_ids"].numel())
-            layers = num_layers(model)
-            try:
-                with peak_memory(device, count_tensors=not state.device.is_accelerator) as peak:
-                    train(trainer)
-            except (RuntimeError, MemoryError) as exc:  # any allocator's out of memory (outcomes); other errors go on
-                reason = out_of_memory(exc)
-                if not reason:
-                    raise
-                free_device_memory(device)
-                return StepMeasurement(capacity or 0, capacity, 0, "", tokens, 0.0,
-                                       breakdown(model, trainer.optimizer, capacity or 0), layers, out_of_memory=reason)
-            weights = sum(p.numel() * p.element_size() for p in model.parameters())
-            peak_bytes = peak.device_reserved_bytes if peak.device_reserved_bytes is not None else weights + peak.tensor_bytes
-            optimizer, scheduler = trainer.optimizer, trainer.lr_scheduler
-            inputs = trainer._prepare_inputs(batch)
-
-            def one_step() -> None:  # the trainer's own training_step (its loss, its backward), then its optimizer
-                trainer.training_step(model, inputs)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-
-            seconds = (state.timer or plain_timer)(one_step, recipe.checks.benchmark_rounds)
-            parts = breakdown(model, optimizer, peak_bytes)
-        return StepMeasurement(peak_bytes, capacity, peak.host_bytes, peak.host_method, tokens,
-                               statistics.median(seconds), parts, layers, peak.device_allocated_bytes,
-                               peak.device_reserved_bytes)
+            trainer = sft_trainer(model, state.tokenizer, row_data(hf.worst_case_rows(state)), args)
+            return hf.measured_step(state, trainer, lambda: train(trainer))
 
     def overfit(self, state):
         """The first ``overfit_examples`` rows, all of them in every optimizer step, through an

@@ -1,6 +1,8 @@
-"""Axolotl's own preprocessing: an Axolotl config's rows are tokenized and labelled by Axolotl's
-prompt strategy, and data.masking judges those labels. Runs where axolotl is installed (its own
-environment: .ci/run builds one); skipped elsewhere, saying so."""
+"""Axolotl's own preprocessing and run: an Axolotl config's rows are tokenized and labelled by
+Axolotl's prompt strategy (data.masking judges those labels), and its step, overfit and resume go
+through the Trainer Axolotl builds (real Axolotl, the real tiny model), beside the engine's; planted
+differences are caught naming Axolotl. Runs where axolotl is installed (its own environment:
+.ci/run builds one); skipped elsewhere, saying so."""
 
 from __future__ import annotations
 
@@ -31,19 +33,78 @@ def axolotl_state(folder: Path, model_dir: Path, machine, **edits: str):
     config = folder / "axolotl.yml"
     text = config.read_text()
     for key, value in edits.items():
-        text = text.replace(f"{key}: ", f"{key}: {value}  # was: ", 1)
+        if f" {key}: " in text or f"\n{key}: " in text:  # a top-level or a dataset entry's key
+            text = text.replace(f"{key}: ", f"{key}: {value}  # was: ", 1)
+        else:
+            text += f"{key}: {value}\n"
     config.write_text(text)
     run = RunState(artifacts_root=folder / "arts", machine_factory=lambda: machine)
     return run.recipe_state(load_recipe(config))
 
 
-def test_an_axolotl_config_checks_the_labels_axolotl_makes(tmp_path, tiny_model_dir, real_machine, run_check):
-    state = axolotl_state(tmp_path / "tiny", tiny_model_dir, real_machine)
-    got = {m.name: m.value for m in run_check(state, "data.masking").measured}
-    assert (got["pipeline"], got["step_trainer"]) == ("axolotl", "pytest-ftready engine")
+@pytest.fixture(scope="module")
+def axolotl_run(tmp_path_factory, tiny_model_dir, real_machine):
+    """One Axolotl config's state for the module: its facts (Axolotl's step, overfit, resume) computed once."""
+    return axolotl_state(tmp_path_factory.mktemp("axolotl") / "tiny", tiny_model_dir, real_machine)
+
+
+def values(ctx) -> dict:
+    return {m.name: m.value for m in ctx.measured}
+
+
+def test_an_axolotl_config_checks_the_labels_axolotl_makes(axolotl_run, run_check):
+    got = values(run_check(axolotl_run, "data.masking"))
+    assert (got["pipeline"], got["step_trainer"]) == ("axolotl", "axolotl AxolotlTrainer")
     assert got["trained_span_method"] == "Axolotl chat_template"
     assert 0 < got["trained_token_share"] < 0.5
-    assert not (tmp_path / "tiny" / "last_run_prepared").exists()  # nothing written beside the team's config
+
+
+def test_an_axolotl_config_runs_the_step_in_axolotls_trainer_beside_the_engines(axolotl_run, run_check):
+    from axolotl.core.trainers.base import AxolotlTrainer
+
+    assert AxolotlTrainer.__name__ == axolotl_run.trainer.step_trainer.split()[-1]  # the class Axolotl builds
+    got = values(run_check(axolotl_run, "model.step_memory"))
+    assert axolotl_run.step is not axolotl_run.engine_step
+    assert got["peak_tensor_bytes"] > 0 and got["engine_peak_bytes"] > 0 and got["peak_vs_engine"] > 0
+    # Axolotl pads the longest rows (79 tokens) to a multiple of 64: sequence_len 128, as the engine's worst case
+    assert got["step_tokens"] == got["engine_step_tokens"] == 4 * 128
+    team = axolotl_run.recipe.source.parent
+    assert not (team / "last_run_prepared").exists() and not (team / "runs").exists()  # nothing in the team's paths
+
+
+def test_axolotls_overfit_reaches_the_threshold_and_reports_the_engines_beside_it(axolotl_run, run_check):
+    got = values(run_check(axolotl_run, "model.overfit"))
+    assert got["step_trainer"] == "axolotl AxolotlTrainer"
+    assert got["overfit_final_loss"] <= 0.1 < got["overfit_first_loss"]
+    assert got["engine_overfit_final_loss"] <= 0.1  # the engine's run of the same examples, side by side
+    run_check(axolotl_run, "lifecycle.generate")  # Axolotl's trained adapter reloads and generates the same
+
+
+def test_axolotls_own_resume_in_a_fresh_process_gives_the_same_losses(axolotl_run, run_check):
+    got = values(run_check(axolotl_run, "lifecycle.resume"))
+    run = axolotl_run.resume_run
+    assert run.difference == "" and got["resume_max_loss_difference"] == 0.0
+    assert run.resumed_losses == run.straight_losses[run.steps // 2:]
+    assert (axolotl_run.saved_run.checkpoint / "scheduler.pt").exists()  # Axolotl's own checkpoint
+
+
+def test_a_resume_losing_the_scheduler_state_fails_naming_it(tmp_path, tiny_model_dir, real_machine, run_check):
+    state = axolotl_state(tmp_path / "tiny", tiny_model_dir, real_machine)
+    (state.saved_run.checkpoint / "scheduler.pt").unlink()
+    with pytest.raises(Fail) as info:
+        run_check(state, "lifecycle.resume")
+    message = str(info.value)
+    assert message.startswith("axolotl AxolotlTrainer: step ")
+    assert "the scheduler state (scheduler.pt)" in message and "learning rate" in message
+
+
+def test_pad_to_sequence_len_pads_axolotls_step_to_sequence_len_and_shows_the_engines(tmp_path, tiny_model_dir,
+                                                                                    real_machine, run_check):
+    state = axolotl_state(tmp_path / "tiny", tiny_model_dir, real_machine, pad_to_sequence_len="true",
+                          sequence_len="512")
+    got = values(run_check(state, "model.step_memory"))
+    assert got["step_tokens"] == 4 * 512 == got["engine_step_tokens"]
+    assert got["peak_tensor_bytes"] > 0 and got["engine_peak_bytes"] > 0
 
 
 def test_a_config_whose_masks_axolotl_builds_wrong_fails_masking_naming_axolotl(tmp_path, tiny_model_dir, real_machine,
