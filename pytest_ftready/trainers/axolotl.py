@@ -182,12 +182,21 @@ PATCHED = ("transformers.models.", "transformers.modeling_", "transformers.integ
 
 
 @contextlib.contextmanager
-def patches_undone():
+def patches_undone(recipe):
     """Run Axolotl, then put the library classes and module functions it patched back as they
     were: the engine's runs after it, in the same process, must run the libraries' own code, and
-    the next Axolotl run patches them again itself (it checks its own marks, which go too)."""
+    the next Axolotl run patches them again itself (it checks its own marks, which go too). The
+    recipe's model class and peft's LoRA layers are imported first, so that they are restored."""
     import sys
 
+    import peft.tuners.lora  # noqa: F401  (imported to be restored)
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig
+
+    from ..engine.loading import model_source
+
+    source, extra = model_source(recipe)
+    config = AutoConfig.from_pretrained(source, trust_remote_code=recipe.model.trust_remote_code, **extra)
+    MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)  # imports the model's modeling module
     modules = [m for name, m in list(sys.modules.items()) if m is not None and name.startswith(PATCHED)]
     functions = {m: dict(vars(m)) for m in modules}
     classes = {cls: dict(vars(cls)) for m in modules for cls in list(vars(m).values())
@@ -232,7 +241,7 @@ class AxolotlTrainer(Trainer):
         import tempfile
 
         state.progress("model.step_memory: one step of Axolotl's own Trainer", force=True)
-        with tempfile.TemporaryDirectory(prefix="axolotl-step-", dir=state.scratch) as out, patches_undone():
+        with tempfile.TemporaryDirectory(prefix="axolotl-step-", dir=state.scratch) as out, patches_undone(state.recipe):
             folder = Path(out)
             write_rows(folder, row_data(hf.worst_case_rows(state)))
             cfg = run_cfg(state.recipe, folder, max_steps=1, save_strategy="no", gradient_accumulation_steps=1,
@@ -261,7 +270,7 @@ class AxolotlTrainer(Trainer):
                       gradient_accumulation_steps=math.ceil(len(examples) / mb), lr_scheduler="constant",
                       warmup_steps=0, warmup_ratio=None)
         first = examples[0]
-        with patches_undone():
+        with patches_undone(state.recipe):
             trainer = axolotl_trainer(state, cfg, [logger])
             model = trainer.model
             frozen_before = param_fingerprints(model, trainable=False)
@@ -283,7 +292,7 @@ class AxolotlTrainer(Trainer):
         logger = hf.step_logger()
         state.progress(f"lifecycle.resume: {steps} steps of Axolotl's Trainer, a checkpoint at step {steps // 2}",
                        force=True)
-        with patches_undone():
+        with patches_undone(state.recipe):
             train(state, axolotl_trainer(state, resume_cfg(recipe, folder, steps), [logger]))
         checkpoint = folder / "out" / f"checkpoint-{steps // 2}"
         if not checkpoint.is_dir():

@@ -16,6 +16,8 @@ from pytest_ftready.recipe.schema import load_recipe
 from pytest_ftready.session.state import RunState
 
 from ..conftest import copy_example
+from .own_run import (assert_a_lost_scheduler_fails_naming_it, assert_overfit_beside_the_engines,
+                      assert_resume_gives_the_same_losses, values)
 
 pytest.importorskip("axolotl", reason="Axolotl's own pipeline needs axolotl, installed in an environment of its own "
                                       "(.ci/run builds one)")
@@ -23,13 +25,17 @@ pytest.importorskip("axolotl", reason="Axolotl's own pipeline needs axolotl, ins
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def axolotl_state(folder: Path, model_dir: Path, machine, **edits: str):
+def axolotl_state(folder: Path, model_dir: Path, machine, checks_data: str = "", **edits: str):
+    """The tiny example's Axolotl config in ``folder``, its keys edited (``key="value"``, added
+    when absent); ``checks_data`` lines go into ftready.toml's [data] table."""
     from pytest_ftready.checks.registry import all_checks
 
     all_checks()
     copy_example(folder, model_dir)
     for name in ("axolotl.yml", "ftready.toml"):
         shutil.copy(ROOT / "examples" / "tiny" / name, folder / name)
+    side = folder / "ftready.toml"
+    side.write_text(side.read_text().replace("[data]\n", f"[data]\n{checks_data}", 1))
     config = folder / "axolotl.yml"
     text = config.read_text()
     for key, value in edits.items():
@@ -46,10 +52,6 @@ def axolotl_state(folder: Path, model_dir: Path, machine, **edits: str):
 def axolotl_run(tmp_path_factory, tiny_model_dir, real_machine):
     """One Axolotl config's state for the module: its facts (Axolotl's step, overfit, resume) computed once."""
     return axolotl_state(tmp_path_factory.mktemp("axolotl") / "tiny", tiny_model_dir, real_machine)
-
-
-def values(ctx) -> dict:
-    return {m.name: m.value for m in ctx.measured}
 
 
 def test_an_axolotl_config_checks_the_labels_axolotl_makes(axolotl_run, run_check):
@@ -73,38 +75,25 @@ def test_an_axolotl_config_runs_the_step_in_axolotls_trainer_beside_the_engines(
 
 
 def test_axolotls_overfit_reaches_the_threshold_and_reports_the_engines_beside_it(axolotl_run, run_check):
-    got = values(run_check(axolotl_run, "model.overfit"))
-    assert got["step_trainer"] == "axolotl AxolotlTrainer"
-    assert got["overfit_final_loss"] <= 0.1 < got["overfit_first_loss"]
-    assert got["engine_overfit_final_loss"] <= 0.1  # the engine's run of the same examples, side by side
-    run_check(axolotl_run, "lifecycle.generate")  # Axolotl's trained adapter reloads and generates the same
+    assert_overfit_beside_the_engines(axolotl_run, run_check)
 
 
 def test_axolotls_own_resume_in_a_fresh_process_gives_the_same_losses(axolotl_run, run_check):
-    got = values(run_check(axolotl_run, "lifecycle.resume"))
-    run = axolotl_run.resume_run
-    assert run.difference == "" and got["resume_max_loss_difference"] == 0.0
-    assert run.resumed_losses == run.straight_losses[run.steps // 2:]
-    assert (axolotl_run.saved_run.checkpoint / "scheduler.pt").exists()  # Axolotl's own checkpoint
+    assert_resume_gives_the_same_losses(axolotl_run, run_check)
 
 
 def test_a_resume_losing_the_scheduler_state_fails_naming_it(tmp_path, tiny_model_dir, real_machine, run_check):
-    state = axolotl_state(tmp_path / "tiny", tiny_model_dir, real_machine)
-    (state.saved_run.checkpoint / "scheduler.pt").unlink()
-    with pytest.raises(Fail) as info:
-        run_check(state, "lifecycle.resume")
-    message = str(info.value)
-    assert message.startswith("axolotl AxolotlTrainer: step ")
-    assert "the scheduler state (scheduler.pt)" in message and "learning rate" in message
+    assert_a_lost_scheduler_fails_naming_it(axolotl_state(tmp_path / "tiny", tiny_model_dir, real_machine), run_check)
 
 
-def test_pad_to_sequence_len_pads_axolotls_step_to_sequence_len_and_shows_the_engines(tmp_path, tiny_model_dir,
-                                                                                    real_machine, run_check):
-    state = axolotl_state(tmp_path / "tiny", tiny_model_dir, real_machine, pad_to_sequence_len="true",
-                          sequence_len="512")
+def test_a_collator_padding_to_sequence_len_beyond_the_engines_shows_both_step_memories(tmp_path, tiny_model_dir,
+                                                                                      real_machine, run_check):
+    # The team checks at the 128 tokens its rows need; Axolotl pads every batch to sequence_len 512
+    state = axolotl_state(tmp_path / "tiny", tiny_model_dir, real_machine, checks_data="max_length = 128\n",
+                          pad_to_sequence_len="true", sequence_len="512")
     got = values(run_check(state, "model.step_memory"))
-    assert got["step_tokens"] == 4 * 512 == got["engine_step_tokens"]
-    assert got["peak_tensor_bytes"] > 0 and got["engine_peak_bytes"] > 0
+    assert got["step_tokens"] == 4 * 512 > got["engine_step_tokens"] == 4 * 128
+    assert got["peak_tensor_bytes"] > got["engine_peak_bytes"] and got["peak_vs_engine"] > 1
 
 
 def test_a_config_whose_masks_axolotl_builds_wrong_fails_masking_naming_axolotl(tmp_path, tiny_model_dir, real_machine,

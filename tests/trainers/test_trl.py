@@ -15,6 +15,8 @@ from pytest_ftready.tiny import CHATML
 from pytest_ftready.trainers.trl import MIN_TRL
 
 from ..conftest import copy_example
+from .own_run import (assert_a_lost_scheduler_fails_naming_it, assert_overfit_beside_the_engines,
+                      assert_resume_gives_the_same_losses, values)
 
 pytest.importorskip("trl", minversion=MIN_TRL, reason=f"TRL's own run needs trl >= {MIN_TRL} "
                                                       "(pip install 'pytest-ftready[trl]')")
@@ -49,10 +51,6 @@ def trl_state(tmp_path_factory, tiny_model_dir, real_machine):
     return state_for(trl_folder(folder / "tiny", tiny_model_dir), folder / "arts", real_machine)
 
 
-def values(ctx) -> dict:
-    return {m.name: m.value for m in ctx.measured}
-
-
 def test_a_trl_config_runs_the_step_in_trls_trainer_beside_the_engines(trl_state, run_check):
     ctx = run_check(trl_state, "model.step_memory")
     got = values(ctx)
@@ -64,29 +62,17 @@ def test_a_trl_config_runs_the_step_in_trls_trainer_beside_the_engines(trl_state
 
 
 def test_trls_overfit_reaches_the_threshold_and_reports_the_engines_beside_it(trl_state, run_check):
-    got = values(run_check(trl_state, "model.overfit"))
-    assert got["step_trainer"] == "trl SFTTrainer"
-    assert got["overfit_final_loss"] <= 0.1 < got["overfit_first_loss"]
-    assert got["engine_overfit_final_loss"] <= 0.1  # the engine's run of the same examples, side by side
-    run_check(trl_state, "lifecycle.generate")  # TRL's trained adapter reloads and generates the same
+    assert trl_state.trainer.step_trainer == "trl SFTTrainer"
+    assert_overfit_beside_the_engines(trl_state, run_check)
 
 
 def test_trls_own_resume_in_a_fresh_process_gives_the_same_losses(trl_state, run_check):
-    got = values(run_check(trl_state, "lifecycle.resume"))
-    run = trl_state.resume_run
-    assert run.difference == "" and got["resume_max_loss_difference"] == 0.0
-    assert run.resumed_losses == run.straight_losses[run.steps // 2:]
-    assert (trl_state.saved_run.checkpoint / "scheduler.pt").exists()  # TRL's own checkpoint
+    assert_resume_gives_the_same_losses(trl_state, run_check)
 
 
 def test_a_resume_losing_the_scheduler_state_fails_naming_it(tmp_path, tiny_model_dir, real_machine, run_check):
     state = state_for(trl_folder(tmp_path / "tiny", tiny_model_dir), tmp_path / "arts", real_machine)
-    (state.saved_run.checkpoint / "scheduler.pt").unlink()
-    with pytest.raises(Fail) as info:
-        run_check(state, "lifecycle.resume")
-    message = str(info.value)
-    assert message.startswith("trl SFTTrainer: step ")
-    assert "the scheduler state (scheduler.pt)" in message and "learning rate" in message
+    assert_a_lost_scheduler_fails_naming_it(state, run_check)
 
 
 def test_a_collator_padding_longer_than_the_engines_shows_both_step_memories(tmp_path, tiny_model_dir, real_machine,
