@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ftready.outcomes import Fail
+from pytest_ftready.outcomes import Fail, Skip
 from pytest_ftready.recipe.schema import load_recipe
 from pytest_ftready.session.state import RunState
 
@@ -103,3 +103,14 @@ def test_a_config_whose_masks_axolotl_builds_wrong_fails_masking_naming_axolotl(
         run_check(state, "data.masking")
     message = str(info.value)
     assert message.startswith("labels made by Axolotl chat_template:") and "stop_untrained" in message
+
+
+def test_a_step_axolotl_cannot_run_on_a_cpu_skips_naming_what_it_needs(tmp_path, tiny_model_dir, real_machine,
+                                                                       run_check):
+    state = axolotl_state(tmp_path / "tiny", tiny_model_dir, real_machine, sdp_attention="false",
+                          flash_attention="true")
+    if state.device.is_accelerator:
+        pytest.skip(f"{state.device.name} is an accelerator: flash attention may run there")
+    with pytest.raises(Skip) as info:
+        run_check(state, "model.step_memory")
+    assert "Axolotl cannot run this config's step" in str(info.value) and "flash-attn on a CUDA GPU" in str(info.value)
