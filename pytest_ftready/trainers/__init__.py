@@ -2,7 +2,9 @@
 its own training step, its save and resume), behind one interface (``base.Trainer``) that
 the session asks. ``builtin`` is pytest-ftready's own engine, the trainer of last resort;
 ``trl`` runs TRL's own preprocessing, step, overfit and resume; ``axolotl`` Axolotl's own
-preprocessing (its step is still the engine's); ``llamafactory`` is selectable but not run yet.
+preprocessing, step, overfit and resume (the Trainer Axolotl builds from the team's config);
+``hf`` is what the ``transformers.Trainer``-based ones share (the measured step, step logs, the
+resume's cause); ``llamafactory`` is selectable but not run yet.
 A trainer's config reader stays in ``recipe/importers/`` (the recipe is read before any
 trainer runs).
 

@@ -36,27 +36,36 @@ from . import hf
 QUIET_ENV = {"AXOLOTL_DO_NOT_TRACK": "1", "DO_NOT_TRACK": "1", "WANDB_DISABLED": "true"}
 
 
-def axolotl_cfg(recipe, **overrides):
-    """The team's config as Axolotl reads it (``load_cfg``), the model at the recipe's path,
-    ``overrides`` over its keys (as ``axolotl train --key=value`` would)."""
+def config_path(recipe) -> Path:
+    """The team's Axolotl config; a Skip where axolotl does not import, a Fail where the recipe
+    is no Axolotl config."""
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
     try:
-        from axolotl.cli.config import load_cfg
+        import axolotl.cli.config  # noqa: F401
     except ImportError as exc:
         raise Skip(f"the recipe asks for Axolotl's pipeline but axolotl does not import here ({exc}); "
                    f"{AxolotlTrainer.install}") from None
     origin = recipe.origin
     if origin is None or origin.format != "axolotl":
         raise Fail("[data] pipeline = \"axolotl\" needs an Axolotl config: run pytest --ftready=<your axolotl.yml>")
+    return Path(origin.source)
+
+
+def axolotl_cfg(recipe, **overrides):
+    """The team's config as Axolotl reads it (``load_cfg``), the model at the recipe's path,
+    ``overrides`` over its keys (as ``axolotl train --key=value`` would)."""
+    source = config_path(recipe)
+    from axolotl.cli.config import load_cfg
+
     if recipe.model.path:
         overrides = {"base_model": str(Path(recipe.model.path).resolve()), **overrides}
     with contextlib.redirect_stdout(io.StringIO()):  # load_cfg prints the whole resolved config
         try:
-            return load_cfg(origin.source, **overrides)
+            return load_cfg(str(source), **overrides)
         except ValueError as exc:  # pydantic's ValidationError is one: Axolotl refuses the config
             said = " ".join(str(exc).split())
-            raise Fail(f"{origin.source}: Axolotl refuses this config ({type(exc).__name__}: {said[:600]}); "
+            raise Fail(f"{source}: Axolotl refuses this config ({type(exc).__name__}: {said[:600]}); "
                        "fix the key it names (axolotl preprocess would stop the same way)") from None
 
 
@@ -123,7 +132,7 @@ def run_cfg(recipe, folder: Path, **bounded):
     under ``folder``; ``bounded`` (steps, saving) over the rest."""
     from ..recipe.importers.base import read_yaml
 
-    entries = read_yaml(Path(recipe.origin.source)).get("datasets") or [{}]
+    entries = read_yaml(config_path(recipe)).get("datasets") or [{}]
     entry = {key: value for key, value in entries[0].items() if key not in ("data_files", "name", "split", "revision")}
     entry.update(path=str(folder / ROWS_FILE), ds_type="json")
     save_strategy = bounded.pop("save_strategy")  # load_cfg reads the string "no" as YAML's false
