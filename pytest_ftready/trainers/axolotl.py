@@ -175,10 +175,6 @@ def train(state, trainer, **kwargs) -> None:
         raise
 
 
-def row_data(examples: Sequence) -> list[dict]:
-    return [dict(e.row.data) for e in examples]
-
-
 def resume_cfg(recipe, folder: Path, steps: int):
     return run_cfg(recipe, folder, max_steps=steps, save_strategy="steps", save_steps=steps // 2,
                    save_total_limit=None)
@@ -252,7 +248,7 @@ class AxolotlTrainer(Trainer):
         state.progress("model.step_memory: one step of Axolotl's own Trainer", force=True)
         with tempfile.TemporaryDirectory(prefix="axolotl-step-", dir=state.scratch) as out, patches_undone(state.recipe):
             folder = Path(out)
-            write_rows(folder, row_data(hf.worst_case_rows(state)))
+            write_rows(folder, hf.row_data(hf.worst_case_rows(state)))
             cfg = run_cfg(state.recipe, folder, max_steps=1, save_strategy="no", gradient_accumulation_steps=1,
                           shuffle_merged_datasets=False)
             trainer = axolotl_trainer(state, cfg)
@@ -274,7 +270,7 @@ class AxolotlTrainer(Trainer):
         logger = hf.step_logger(stop_below=checks.overfit_loss)
         state.progress(f"model.overfit: Axolotl's Trainer, up to {checks.overfit_steps} steps", force=True)
         folder = state.scratch / "axolotl-overfit"
-        write_rows(folder, row_data(examples))
+        write_rows(folder, hf.row_data(examples))
         cfg = run_cfg(recipe, folder, max_steps=checks.overfit_steps, save_strategy="no",
                       gradient_accumulation_steps=math.ceil(len(examples) / mb), lr_scheduler="constant",
                       warmup_steps=0, warmup_ratio=None)
@@ -297,7 +293,7 @@ class AxolotlTrainer(Trainer):
         steps = resume_steps(recipe)
         examples = state.training_examples()[: max(2, t.micro_batch_size * t.gradient_accumulation_steps * steps)]
         folder = state.scratch / "axolotl-resume"
-        write_rows(folder, row_data(examples))
+        write_rows(folder, hf.row_data(examples))
         logger = hf.step_logger()
         state.progress(f"lifecycle.resume: {steps} steps of Axolotl's Trainer, a checkpoint at step {steps // 2}",
                        force=True)

@@ -76,6 +76,11 @@ def trainer_warnings():
         yield
 
 
+def row_data(examples: Sequence) -> list[dict]:
+    """The rows of training examples as the team wrote them: what a trainer's own run is fed."""
+    return [dict(e.row.data) for e in examples]
+
+
 def worst_case_rows(state) -> list:
     """The worst-case micro-batch a trainer's step runs: the ``micro_batch_size`` longest
     training examples (repeated when there are fewer)."""

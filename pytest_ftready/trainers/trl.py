@@ -255,10 +255,6 @@ def train(trainer, **kwargs) -> None:
         trainer.train(**kwargs)
 
 
-def row_data(examples: Sequence) -> list[dict]:
-    return [dict(e.row.data) for e in examples]
-
-
 def resume_args(recipe, folder: Path, torch_device: str, steps: int):
     return run_args(recipe, folder, torch_device, max_steps=steps, save_strategy="steps", save_steps=steps // 2,
                     save_total_limit=None)
@@ -293,7 +289,7 @@ class TrlTrainer(Trainer):
                 prefix="trl-step-", dir=state.scratch) as out:
             args = run_args(recipe, Path(out), device, max_steps=1, save_strategy="no", gradient_accumulation_steps=1,
                             lr_scheduler_type="constant", warmup_steps=0, shuffle_dataset=False)
-            trainer = sft_trainer(model, state.tokenizer, row_data(hf.worst_case_rows(state)), args)
+            trainer = sft_trainer(model, state.tokenizer, hf.row_data(hf.worst_case_rows(state)), args)
             return hf.measured_step(state, trainer, lambda: train(trainer))
 
     def overfit(self, state):
@@ -314,7 +310,7 @@ class TrlTrainer(Trainer):
             args = run_args(recipe, Path(out), device, max_steps=checks.overfit_steps, save_strategy="no",
                             per_device_train_batch_size=mb, gradient_accumulation_steps=math.ceil(len(examples) / mb),
                             lr_scheduler_type="constant", warmup_steps=0)
-            train(sft_trainer(model, state.tokenizer, row_data(examples), args, [logger]))
+            train(sft_trainer(model, state.tokenizer, hf.row_data(examples), args, [logger]))
             first = examples[0]
             return judged(model, recipe, [log.loss for log in logger.logs], frozen_before, trained_before,
                           prompt_ids=state.encoder.prompt_ids(first.row), stop_ids=state.encoder.stop_ids,
@@ -331,7 +327,7 @@ class TrlTrainer(Trainer):
         steps = resume_steps(recipe)
         examples = state.training_examples()[: max(2, t.micro_batch_size * t.gradient_accumulation_steps * steps)]
         folder = ensure_private_dir(state.scratch / "trl-resume")
-        rows = row_data(examples)
+        rows = hf.row_data(examples)
         write_private(folder / ROWS_FILE, json.dumps(rows))
         logger = hf.step_logger()
         state.progress(f"lifecycle.resume: {steps} SFTTrainer steps, a checkpoint at step {steps // 2}", force=True)
