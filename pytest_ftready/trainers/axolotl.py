@@ -147,11 +147,11 @@ def run_cfg(recipe, folder: Path, **bounded):
 def axolotl_trainer(state, cfg, callbacks: Sequence = ()):
     """The Trainer Axolotl builds for ``cfg`` (its dataset preparation, model, adapter,
     collator, optimizer), quiet, with ``callbacks``."""
-    from axolotl.common.datasets import load_datasets
-    from axolotl.train import setup_model_and_trainer
-
     try:
         with contextlib.redirect_stdout(io.StringIO()), hf.trainer_warnings():
+            from axolotl.common.datasets import load_datasets
+            from axolotl.train import setup_model_and_trainer
+
             trainer = setup_model_and_trainer(cfg, load_datasets(cfg=cfg))[0]
     except (ImportError, RuntimeError, AssertionError, ValueError, OSError) as exc:
         if state is not None:

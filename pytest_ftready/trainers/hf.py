@@ -68,11 +68,13 @@ def quiet(trainer) -> None:
 @contextlib.contextmanager
 def trainer_warnings():
     """The warnings a trainer's own code raises (its deprecations, its DataLoader's pin_memory
-    without an accelerator) are the trainer's, not the user's: ignored while it runs."""
+    without an accelerator, its imports of TRL's experimental modules) are the trainer's, not the
+    user's: ignored while it runs."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.filterwarnings("ignore", message=".*'pin_memory' argument is set as true but no accelerator")
+        warnings.filterwarnings("ignore", message="You are importing from 'trl.experimental'")
         yield
 
 

@@ -62,7 +62,10 @@ def test_an_axolotl_config_checks_the_labels_axolotl_makes(axolotl_run, run_chec
 
 
 def test_an_axolotl_config_runs_the_step_in_axolotls_trainer_beside_the_engines(axolotl_run, run_check):
-    from axolotl.core.trainers.base import AxolotlTrainer
+    from pytest_ftready.trainers.hf import trainer_warnings
+
+    with trainer_warnings():  # Axolotl's own imports warn (TRL's experimental modules)
+        from axolotl.core.trainers.base import AxolotlTrainer
 
     assert AxolotlTrainer.__name__ == axolotl_run.trainer.step_trainer.split()[-1]  # the class Axolotl builds
     got = values(run_check(axolotl_run, "model.step_memory"))
@@ -72,6 +75,15 @@ def test_an_axolotl_config_runs_the_step_in_axolotls_trainer_beside_the_engines(
     assert got["step_tokens"] == got["engine_step_tokens"] == 4 * 128
     team = axolotl_run.recipe.source.parent
     assert not (team / "last_run_prepared").exists() and not (team / "runs").exists()  # nothing in the team's paths
+
+
+def test_axolotls_patches_of_the_model_class_are_undone_after_its_run(axolotl_run, run_check):
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    run_check(axolotl_run, "model.step_memory")
+    # Axolotl's LoRA kernels replaced LlamaAttention.forward during the run (and marked it _original_forward)
+    assert not hasattr(LlamaAttention, "_original_forward")
+    assert LlamaAttention.forward.__module__ == "transformers.models.llama.modeling_llama"
 
 
 def test_axolotls_overfit_reaches_the_threshold_and_reports_the_engines_beside_it(axolotl_run, run_check):
