@@ -66,6 +66,31 @@ def copy_example(folder: Path, model_dir: Path) -> Path:
     return folder
 
 
+def state_for(config: Path, artifacts: Path, machine):
+    """The RecipeState of a recipe or a trainer's config (its facts computed on demand), checks registered."""
+    from pytest_ftready.checks.registry import all_checks
+    from pytest_ftready.recipe.schema import load_recipe
+    from pytest_ftready.session.state import RunState
+
+    all_checks()
+    return RunState(artifacts_root=artifacts, machine_factory=lambda: machine).recipe_state(load_recipe(config))
+
+
+def values(ctx) -> dict:
+    """A check's measurements by name (its context from ``run_check``)."""
+    return {m.name: m.value for m in ctx.measured}
+
+
+def resume_failure_without(state, run_check, part: str) -> str:
+    """lifecycle.resume's failure message once ``part`` is deleted from the trainer's own checkpoint."""
+    from pytest_ftready.outcomes import Fail
+
+    (state.saved_run.checkpoint / part).unlink()
+    with pytest.raises(Fail) as info:
+        run_check(state, "lifecycle.resume")
+    return str(info.value)
+
+
 @pytest.fixture
 def edit_recipe():
     """``edit_recipe(path, key='value', ...)``: replace whole ``key = ...`` lines of a recipe."""

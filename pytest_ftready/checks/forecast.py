@@ -44,7 +44,8 @@ def memory_forecast(ctx) -> None:
 
 @check("model.forecast_error", stage=STAGES["model.step"], requires=("stack.precision", "stack.kernels"))
 def forecast_error(ctx) -> None:
-    """The forecast against the real step's peak here (CPU: live tensor bytes; CUDA: max_memory_allocated)."""
+    """The forecast against the real step's peak here (CPU: live tensor bytes; CUDA: max_memory_allocated),
+    the step the recipe's trainer runs: a trainer's own step (TRL's SFTTrainer, ...) where it runs one."""
     from ..forecast.trace import ConfigUnavailable, TraceError, error_share, forecast, measured_step_peak
 
     device = ctx.torch_device()
@@ -64,13 +65,43 @@ def forecast_error(ctx) -> None:
             predicted = forecast(ctx.recipe, accelerator_optimizer=on_accelerator)
         except (ConfigUnavailable, TraceError) as exc:
             raise Skip(f"no forecast to compare: {exc}") from None
-    measured = measured_step_peak(ctx.state, ctx.recipe, device, count_tensors=not on_accelerator)
+    method = "max_memory_allocated" if on_accelerator else "weights + live tensor bytes"
+    engine_measured = measured_step_peak(ctx.state, ctx.recipe, device, count_tensors=not on_accelerator)
+    trainer = ctx.state.trainer
     ctx.measure("forecast_peak", predicted.peak_bytes, "bytes", estimate=True)
+    ctx.measure("measured_step_trainer", trainer.step_trainer, "")
+    if trainer.name == "builtin":
+        measured, engine_note = engine_measured, ""
+    else:  # the trainer's own step is the run the team launches; the engine's, which the forecast models, beside it
+        measured = trainers_step_peak(ctx, on_accelerator)
+        engine_error = error_share(predicted.peak_bytes, engine_measured)
+        ctx.measure("engine_measured_peak", engine_measured, "bytes")
+        ctx.measure("engine_forecast_error", engine_error, "share")
+        engine_note = (f" (the forecast models pytest-ftready's engine step, whose measured "
+                       f"{human_bytes(engine_measured)} it is {engine_error:+.0%} off)")
     ctx.measure("measured_peak", measured, "bytes")
-    ctx.measure("measured_peak_method", "max_memory_allocated" if on_accelerator else "weights + live tensor bytes", "")
+    ctx.measure("measured_peak_method", method, "")
     error = error_share(predicted.peak_bytes, measured)
     ctx.measure("forecast_error", error, "share")
     if abs(error) > FORECAST_TOLERANCE:
         raise Fail(f"the forecast peak {human_bytes(predicted.peak_bytes)} is {error:+.0%} off the measured "
-                   f"{human_bytes(measured)} (tolerance {FORECAST_TOLERANCE:.0%}): model.memory_forecast's verdict is "
-                   "not to be trusted for this recipe here; judge by model.step_memory")
+                   f"{human_bytes(measured)} of {trainer.step_trainer}'s step (tolerance {FORECAST_TOLERANCE:.0%})"
+                   f"{engine_note}: model.memory_forecast's verdict is not to be trusted for this recipe here; judge "
+                   "by model.step_memory")
+
+
+def trainers_step_peak(ctx, on_accelerator: bool) -> int:
+    """The peak of the step the recipe's trainer ran (model.step_memory's fact), as the forecast
+    counts it: the allocator's allocated peak on an accelerator, weights + live tensors on a CPU."""
+    name = ctx.state.trainer.step_trainer
+    try:
+        step = ctx.state.step
+    except Fail as exc:
+        raise Skip(f"{name}'s step did not run, so there is no measured step to judge the forecast by "
+                   f"(model.step_memory says why): {str(exc).splitlines()[0]}") from None
+    if step.out_of_memory:
+        raise Skip(f"{name}'s step ran out of memory here, so it has no peak to judge the forecast by "
+                   "(model.step_memory reports it)")
+    if on_accelerator and step.device_allocated_bytes is not None:
+        return step.device_allocated_bytes
+    return step.peak_bytes

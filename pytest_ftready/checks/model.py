@@ -46,6 +46,7 @@ def step_memory(ctx) -> None:
     ctx.measure("optimizer_state", b.optimizer_state_bytes, "bytes")
     ctx.measure("activations_and_workspace", b.activation_bytes, "bytes", estimate=True)
     ctx.measure("step_seconds", step.step_seconds, "s")
+    ctx.measure("step_tokens", step.tokens_per_step, "tokens")
     ctx.measure("step_tokens_per_s", step.tokens_per_s, "tokens/s")
     if capacity:
         ctx.measure("device_capacity", capacity, "bytes")
@@ -54,7 +55,7 @@ def step_memory(ctx) -> None:
     if engine is not None:  # the trainer's own step beside the engine's
         ctx.measure("engine_peak_bytes", engine.peak_bytes, "bytes")
         ctx.measure("engine_step_tokens", engine.tokens_per_step, "tokens")
-        ctx.measure("step_tokens", step.tokens_per_step, "tokens")
+        ctx.measure("engine_step_seconds", engine.step_seconds, "s")
         ctx.measure("peak_vs_engine", step.peak_bytes / engine.peak_bytes if engine.peak_bytes else 0.0, "ratio")
     if not step.fits(headroom):
         usable = step.usable_bytes(headroom)

@@ -93,6 +93,8 @@ def _linear_names(model) -> list[str]:
 def release_trainable(model, recipe):
     """Undo make_trainable on the shared base model (remove LoRA layers, checkpointing)."""
     base = model.unload() if recipe.adapter.method == "lora" else model
+    if "peft_config" in vars(base):  # peft < 0.21 leaves it on the unloaded model: the next adapter would warn
+        del base.peft_config
     if recipe.training.gradient_checkpointing:
         set_checkpointing(base, False)
     base.eval()

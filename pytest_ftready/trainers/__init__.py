@@ -3,8 +3,10 @@ its own training step, its save and resume), behind one interface (``base.Traine
 the session asks. ``builtin`` is pytest-ftready's own engine, the trainer of last resort;
 ``trl`` runs TRL's own preprocessing, step, overfit and resume; ``axolotl`` Axolotl's own
 preprocessing, step, overfit and resume (the Trainer Axolotl builds from the team's config);
-``hf`` is what the ``transformers.Trainer``-based ones share (the measured step, step logs, the
-resume's cause); ``llamafactory`` is selectable but not run yet.
+``llamafactory`` LLaMA-Factory's own
+preprocessing, step, overfit and resume. ``hf`` holds what the trainers built on
+``transformers.Trainer`` share (step logs, the measured step, the fresh-process resume and its
+cause); ``worker`` is that fresh process.
 A trainer's config reader stays in ``recipe/importers/`` (the recipe is read before any
 trainer runs).
 

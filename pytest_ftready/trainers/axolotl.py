@@ -23,7 +23,6 @@ import contextlib
 import io
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -128,15 +127,15 @@ def write_rows(folder: Path, rows: Sequence[dict]) -> Path:
 
 def run_cfg(recipe, folder: Path, **bounded):
     """The team's config for a bounded run of the rows in ``folder/rows.jsonl``: the config's
-    dataset entry (its type, fields, roles) over that file; output and the prepared dataset
-    under ``folder``; ``bounded`` (steps, saving) over the rest."""
+    dataset entry (its type, fields, roles) over that file; its output (checkpoints) in ``folder``
+    and its prepared dataset under it; ``bounded`` (steps, saving) over the rest."""
     from ..recipe.importers.base import read_yaml
 
     entries = read_yaml(config_path(recipe)).get("datasets") or [{}]
     entry = {key: value for key, value in entries[0].items() if key not in ("data_files", "name", "split", "revision")}
     entry.update(path=str(folder / ROWS_FILE), ds_type="json")
     save_strategy = bounded.pop("save_strategy")  # load_cfg reads the string "no" as YAML's false
-    cfg = axolotl_cfg(recipe, datasets=[entry], output_dir=str(folder / "out"),
+    cfg = axolotl_cfg(recipe, datasets=[entry], output_dir=str(folder),
                       dataset_prepared_path=str(folder / "prepared"), **UNTRACKED, **bounded)
     cfg.save_strategy = save_strategy
     # datasets >= 4 maps through a process pool even at num_proc = 1; None tokenizes in this process
@@ -165,13 +164,23 @@ def axolotl_trainer(state, cfg, callbacks: Sequence = ()):
 
 
 def train(state, trainer, **kwargs) -> None:
-    """``trainer.train``; the deprecations Axolotl's own code raises are Axolotl's, not the user's."""
+    """``hf.train``, quiet; an error saying Axolotl needs an accelerator skips (``needs_accelerator``)."""
     try:
-        with contextlib.redirect_stdout(io.StringIO()), hf.trainer_warnings():
-            trainer.train(**kwargs)
+        with contextlib.redirect_stdout(io.StringIO()):
+            hf.train(trainer, **kwargs)
     except (ImportError, RuntimeError, AssertionError) as exc:
         if state is not None:
             needs_accelerator(state, exc)
+        raise
+
+
+def measured(state, trainer):
+    """``hf.measure_step`` of Axolotl's Trainer; an error saying it needs an accelerator skips."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            return hf.measure_step(state, trainer, trainer.model)
+    except (ImportError, RuntimeError, AssertionError) as exc:
+        needs_accelerator(state, exc)
         raise
 
 
@@ -220,16 +229,6 @@ def patches_undone(recipe):
             module.__dict__.update(before)
 
 
-@dataclass(frozen=True)
-class SavedAxolotlRun:
-    folder: Path  # the run's folder: rows.jsonl, prepared/, out/checkpoint-*
-    checkpoint: Path  # out/checkpoint-<steps // 2>
-    steps: int
-    logs: tuple  # hf.StepLog of every step of the uninterrupted run
-    checkpoint_bytes: int
-    exact: bool
-
-
 class AxolotlTrainer(Trainer):
     name = "axolotl"
     step_trainer = "axolotl AxolotlTrainer"  # the class axolotl.core.trainers.base builds for SFT
@@ -241,52 +240,42 @@ class AxolotlTrainer(Trainer):
         return AxolotlPipeline(state)
 
     def step(self, state):
-        """The worst-case micro-batch (the longest rows) through one step of Axolotl's Trainer,
-        its peak memory measured as the engine measures its own; then its training_step timed."""
+        """The worst-case micro-batch (the longest rows) through one step of Axolotl's Trainer
+        (``hf.measure_step``)."""
         import tempfile
 
         state.progress("model.step_memory: one step of Axolotl's own Trainer", force=True)
         with tempfile.TemporaryDirectory(prefix="axolotl-step-", dir=state.scratch) as out, patches_undone(state.recipe):
             folder = Path(out)
-            write_rows(folder, hf.row_data(hf.worst_case_rows(state)))
+            write_rows(folder, hf.row_data(hf.worst_case_examples(state)))
             cfg = run_cfg(state.recipe, folder, max_steps=1, save_strategy="no", gradient_accumulation_steps=1,
                           shuffle_merged_datasets=False)
             trainer = axolotl_trainer(state, cfg)
-            return hf.measured_step(state, trainer, lambda: train(state, trainer))
+            return measured(state, trainer)
 
     def overfit(self, state):
         """The first ``overfit_examples`` rows, all of them in every optimizer step, through
         Axolotl's Trainer at a constant learning rate until the loss threshold or ``overfit_steps``."""
         import math
 
-        from ..engine.overfit import judged
-        from ..engine.trainable import param_fingerprints
-
         recipe, checks = state.recipe, state.recipe.checks
         examples = state.training_examples()[: checks.overfit_examples]
         if not examples:
             raise Fail("no trainable example to overfit (see data.masking)")
-        mb = recipe.training.micro_batch_size
         logger = hf.step_logger(stop_below=checks.overfit_loss)
         state.progress(f"model.overfit: Axolotl's Trainer, up to {checks.overfit_steps} steps", force=True)
         folder = state.scratch / "axolotl-overfit"
         write_rows(folder, hf.row_data(examples))
         cfg = run_cfg(recipe, folder, max_steps=checks.overfit_steps, save_strategy="no",
-                      gradient_accumulation_steps=math.ceil(len(examples) / mb), lr_scheduler="constant",
-                      warmup_steps=0, warmup_ratio=None)
-        first = examples[0]
-        with patches_undone(state.recipe):
+                      gradient_accumulation_steps=math.ceil(len(examples) / recipe.training.micro_batch_size),
+                      lr_scheduler="constant", warmup_steps=0, warmup_ratio=None)
+        with patches_undone(recipe):
             trainer = axolotl_trainer(state, cfg, [logger])
-            model = trainer.model
-            frozen_before = param_fingerprints(model, trainable=False)
-            trained_before = param_fingerprints(model, trainable=True)
+            before = hf.weights_before(trainer.model)
             train(state, trainer)
-            return judged(model, recipe, [log.loss for log in logger.logs], frozen_before, trained_before,
-                          prompt_ids=state.encoder.prompt_ids(first.row), stop_ids=state.encoder.stop_ids,
-                          pad_id=state.tokenizer.pad_token_id, torch_device=state.torch_device,
-                          save_to=state.scratch / "overfit-weights", example_where=first.row.where)
+            return hf.judged_overfit(state, trainer.model, examples, logger.logs, before)
 
-    def saved_run(self, state) -> SavedAxolotlRun:
+    def saved_run(self, state) -> hf.SavedRun:
         """``steps`` uninterrupted steps of Axolotl's Trainer, checkpointed by it at ``steps // 2``."""
         recipe = state.recipe
         t = recipe.training
@@ -297,25 +286,12 @@ class AxolotlTrainer(Trainer):
         logger = hf.step_logger()
         state.progress(f"lifecycle.resume: {steps} steps of Axolotl's Trainer, a checkpoint at step {steps // 2}",
                        force=True)
-        with patches_undone(state.recipe):
+        with patches_undone(recipe):
             train(state, axolotl_trainer(state, resume_cfg(recipe, folder, steps), [logger]))
-        checkpoint = folder / "out" / f"checkpoint-{steps // 2}"
-        if not checkpoint.is_dir():
-            raise Fail(f"Axolotl wrote no checkpoint at step {steps // 2} in {folder / 'out'} (save_steps = {steps // 2})")
-        return SavedAxolotlRun(folder, checkpoint, steps, tuple(logger.logs), hf.checkpoint_bytes(checkpoint),
-                               exact=not state.device.is_accelerator)
+        return hf.saved(folder, steps, logger.logs, not state.device.is_accelerator, "Axolotl")
 
-    def resume(self, state, saved: SavedAxolotlRun) -> ResumeRun:
-        from ..engine.checkpoint import run_worker
-        from . import worker
-
-        state.progress(f"lifecycle.resume: resuming Axolotl's checkpoint-{saved.steps // 2} in a fresh process",
-                       force=True)
-        payload = run_worker(worker.command("axolotl", str(state.recipe.source), str(saved.folder),
-                                            str(saved.checkpoint), str(saved.steps), state.torch_device))
-        resumed = [hf.StepLog(*log) for log in payload["logs"]]
-        return ResumeRun([log.loss for log in saved.logs], [log.loss for log in resumed], saved.steps,
-                         saved.checkpoint_bytes, hf.resume_difference(saved.logs, resumed, saved.checkpoint, saved.exact))
+    def resume(self, state, saved: hf.SavedRun) -> ResumeRun:
+        return hf.resumed_in_fresh_process(state, "axolotl", saved, "Axolotl")
 
     def resume_here(self, recipe, folder: Path, checkpoint: Path, steps: int, torch_device: str) -> list:
         """In the fresh process: the same config over the same rows (Axolotl finds the dataset it

@@ -1,8 +1,8 @@
 """What the trainers built on ``transformers.Trainer`` (TRL, Axolotl, LLaMA-Factory) share:
-the worst-case step measured through a built Trainer (``measured_step``), the log of every
-optimizer step (loss, learning rate, tokens), the parts of a Trainer checkpoint a resume
-needs, and the cause of a resume whose losses differ. Imports transformers only inside the
-functions that need it."""
+the log of every optimizer step (loss, learning rate, tokens), a bounded ``train`` without
+the trainers' own deprecation noise, the measured worst-case step of a built Trainer, the
+parts of a Trainer checkpoint a resume needs, and the cause of a resume whose losses differ.
+Imports transformers only inside the functions that need it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 # The files of a transformers.Trainer checkpoint a resume needs, and what each holds.
 CHECKPOINT_PARTS = (("optimizer.pt", "the optimizer state (optimizer.pt)"),
@@ -20,8 +20,9 @@ CHECKPOINT_PARTS = (("optimizer.pt", "the optimizer state (optimizer.pt)"),
                     ("trainer_state.json", "the trainer state: step and data position (trainer_state.json)"))
 
 
-# The cumulative token count a trainer logs: TRL's num_tokens, Axolotl's trained tokens.
-TOKEN_KEYS = ("num_tokens", "tokens/trainable")
+# The cumulative token count a trainer logs: TRL's num_tokens, transformers' num_input_tokens_seen
+# (include_num_input_tokens_seen), Axolotl's tokens/trainable.
+TOKEN_KEYS = ("num_tokens", "num_input_tokens_seen", "tokens/trainable")
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class StepLog:
     step: int
     loss: float
     learning_rate: Optional[float]
-    tokens: Optional[float]  # tokens seen so far (TRL's num_tokens), when the trainer logs it
+    tokens: Optional[float]  # tokens seen so far (TOKEN_KEYS), when logged
 
     def to_list(self) -> list:
         return [self.step, self.loss, self.learning_rate, self.tokens]
@@ -65,11 +66,79 @@ def quiet(trainer) -> None:
     trainer.remove_callback(ProgressCallback)
 
 
+def row_data(examples: Sequence) -> list[dict]:
+    """The rows of training examples as the team wrote them: what a trainer's own run is fed."""
+    return [dict(e.row.data) for e in examples]
+
+
+def worst_case_examples(state) -> list:
+    """The micro-batch of the longest training examples (repeated where there are fewer rows)."""
+    mb = state.recipe.training.micro_batch_size
+    longest = sorted(state.training_examples(), key=lambda e: e.length, reverse=True)[:mb]
+    return [longest[i % len(longest)] for i in range(mb)]
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """A trainer's uninterrupted run of ``steps`` and its own checkpoint at ``steps // 2``."""
+
+    folder: Path  # the run's output_dir, with what the fresh process needs to rebuild the trainer
+    checkpoint: Path  # checkpoint-<steps // 2>
+    steps: int
+    logs: tuple  # StepLog of every step of the uninterrupted run
+    checkpoint_bytes: int
+    exact: bool
+
+
+def saved(folder: Path, steps: int, logs: Sequence[StepLog], exact: bool, who: str) -> SavedRun:
+    """The SavedRun of a finished straight run whose trainer saved at ``steps // 2``."""
+    from ..outcomes import Fail
+
+    checkpoint = Path(folder) / f"checkpoint-{steps // 2}"
+    if not checkpoint.is_dir():
+        raise Fail(f"{who} wrote no checkpoint at step {steps // 2} in {folder} (save_steps = {steps // 2})")
+    return SavedRun(Path(folder), checkpoint, steps, tuple(logs), checkpoint_bytes(checkpoint), exact)
+
+
+def resumed_in_fresh_process(state, trainer_name: str, run: SavedRun, who: str):
+    """The trainer's ``resume_here`` of ``run.checkpoint`` in a fresh process (``trainers.worker``),
+    beside the straight run's losses (base.ResumeRun), the difference named by ``resume_difference``."""
+    from ..engine.checkpoint import run_worker
+    from . import worker
+    from .base import ResumeRun
+
+    state.progress(f"lifecycle.resume: resuming {who}'s checkpoint-{run.steps // 2} in a fresh process", force=True)
+    payload = run_worker(worker.command(trainer_name, str(state.recipe.source), str(run.folder), str(run.checkpoint),
+                                        str(run.steps), state.torch_device))
+    resumed = [StepLog(*log) for log in payload["logs"]]
+    return ResumeRun([log.loss for log in run.logs], [log.loss for log in resumed], run.steps, run.checkpoint_bytes,
+                     resume_difference(run.logs, resumed, run.checkpoint, run.exact))
+
+
+def weights_before(model) -> tuple[dict, dict]:
+    """Fingerprints of the frozen and the trainable weights, before an overfit trains them."""
+    from ..engine.trainable import param_fingerprints
+
+    return param_fingerprints(model, trainable=False), param_fingerprints(model, trainable=True)
+
+
+def judged_overfit(state, model, examples: Sequence, logs: Sequence[StepLog], before: tuple[dict, dict]):
+    """The overfit's verdict once a trainer trained ``model`` on ``examples`` (engine.overfit.judged)."""
+    from ..engine.overfit import judged
+
+    first = examples[0]
+    return judged(model, state.recipe, [log.loss for log in logs], *before,
+                  prompt_ids=state.encoder.prompt_ids(first.row), stop_ids=state.encoder.stop_ids,
+                  pad_id=state.tokenizer.pad_token_id, torch_device=state.torch_device,
+                  # not the engine's folder: the engine's overfit, run beside it, saves there
+                  save_to=state.scratch / f"overfit-weights-{state.trainer.name}", example_where=first.row.where)
+
+
 @contextlib.contextmanager
 def trainer_warnings():
-    """The warnings a trainer's own code raises (its deprecations, its DataLoader's pin_memory
-    without an accelerator, its imports of TRL's experimental modules) are the trainer's, not the
-    user's: ignored while it runs."""
+    """The warnings a trainer's own code and imports raise (a model card that imports gradio and
+    click while saving, its own defaults, its DataLoader's pin_memory without an accelerator,
+    Axolotl's imports of TRL's experimental modules) are the trainer's, not the user's."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -78,24 +147,17 @@ def trainer_warnings():
         yield
 
 
-def row_data(examples: Sequence) -> list[dict]:
-    """The rows of training examples as the team wrote them: what a trainer's own run is fed."""
-    return [dict(e.row.data) for e in examples]
+def train(trainer, **kwargs) -> None:
+    """``trainer.train`` without the trainer's own warnings (``trainer_warnings``)."""
+    with trainer_warnings():
+        trainer.train(**kwargs)
 
 
-def worst_case_rows(state) -> list:
-    """The worst-case micro-batch a trainer's step runs: the ``micro_batch_size`` longest
-    training examples (repeated when there are fewer)."""
-    mb = state.recipe.training.micro_batch_size
-    longest = sorted(state.training_examples(), key=lambda e: e.length, reverse=True)[:mb]
-    return [longest[i % len(longest)] for i in range(mb)]
-
-
-def measured_step(state, trainer, train: Callable[[], None]):
-    """The step of a Trainer built for one ``max_steps = 1`` run over the worst-case micro-batch:
-    ``train()`` runs it under the engine's peak-memory measurement, then the trainer's own
-    ``training_step`` (its loss, its backward) and its optimizer are timed as the engine times
-    its step (engine.step.StepMeasurement; out of memory is a measurement, any allocator's)."""
+def measure_step(state, trainer, model):
+    """One ``max_steps = 1`` run of a built Trainer over its worst-case micro-batch, its peak
+    memory measured as the engine measures its own (``engine.memory.peak_memory``); then the
+    trainer's own ``training_step`` and optimizer timed (engine.step.StepMeasurement). An out of
+    memory of any allocator is a measurement, not an error."""
     import statistics
 
     from ..engine.breakdown import breakdown
@@ -104,15 +166,14 @@ def measured_step(state, trainer, train: Callable[[], None]):
     from ..engine.trainable import num_layers
     from ..outcomes import out_of_memory
 
-    device, model = state.torch_device, trainer.model
-    capacity = state.device.memory_total_bytes
+    device, capacity = state.torch_device, state.device.memory_total_bytes
     with trainer_warnings():
         batch = next(iter(trainer.get_train_dataloader()))
     tokens = int(batch["input_ids"].numel())
     layers = num_layers(model)
     try:
         with peak_memory(device, count_tensors=not state.device.is_accelerator) as peak:
-            train()
+            train(trainer)
     except (RuntimeError, MemoryError) as exc:  # any allocator's out of memory (outcomes); other errors go on
         reason = out_of_memory(exc)
         if not reason:

@@ -25,7 +25,6 @@ import json
 import math
 import tempfile
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -246,28 +245,23 @@ def sft_trainer(model, tokenizer, rows: Sequence[dict], args, callbacks: Sequenc
     return trainer
 
 
-def train(trainer, **kwargs) -> None:
-    """``trainer.train``: the deprecations its own code and imports raise (a model card that
-    imports gradio and click while saving) are TRL's, not the user's."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        trainer.train(**kwargs)
-
-
 def resume_args(recipe, folder: Path, torch_device: str, steps: int):
     return run_args(recipe, folder, torch_device, max_steps=steps, save_strategy="steps", save_steps=steps // 2,
                     save_total_limit=None)
 
 
-@dataclass(frozen=True)
-class SavedTrlRun:
-    folder: Path  # the run's output_dir, with rows.json
-    checkpoint: Path  # checkpoint-<steps // 2>
-    steps: int
-    logs: tuple  # hf.StepLog of every step of the uninterrupted run
-    checkpoint_bytes: int
-    exact: bool
+def worst_case_padding(args, micro_batch: int) -> Optional[int]:
+    """The ``pad_to_multiple_of`` that makes TRL's own collator build the worst-case micro-batch,
+    the one the engine measures: every row padded to ``max_length`` rounded up to the config's
+    ``pad_to_multiple_of`` (padding-free: the one flattened row padded to ``micro_batch`` such
+    rows). Without it TRL pads to the longest row of the data, and its step would be measured on
+    fewer tokens than the engine's. None where nothing truncates (``max_length`` unset)."""
+    if not args.max_length:
+        return args.pad_to_multiple_of
+    multiple = args.pad_to_multiple_of or 1
+    row = math.ceil(args.max_length / multiple) * multiple
+    packed = args.padding_free or (args.packing and getattr(args, "packing_strategy", "bfd") in ("bfd", "bfd_split"))
+    return row * micro_batch if packed else row
 
 
 class TrlTrainer(Trainer):
@@ -280,23 +274,26 @@ class TrlTrainer(Trainer):
         return TrlPipeline(state.recipe, state.tokenizer, pipeline_stops(state))
 
     def step(self, state):
-        """The worst-case micro-batch (the longest rows) through one SFTTrainer step, its peak
-        memory measured as the engine measures its own; then the trainer's training_step timed."""
+        """The worst-case micro-batch (the longest rows, padded by TRL's collator to the
+        worst-case length: ``worst_case_padding``) through one SFTTrainer step (``hf.measure_step``)."""
         from ..engine.trainable import trainable
 
         recipe, device = state.recipe, state.torch_device
+        rows = hf.worst_case_examples(state)
         with trainable(recipe, device, state.shared_base) as model, tempfile.TemporaryDirectory(
                 prefix="trl-step-", dir=state.scratch) as out:
-            args = run_args(recipe, Path(out), device, max_steps=1, save_strategy="no", gradient_accumulation_steps=1,
-                            lr_scheduler_type="constant", warmup_steps=0, shuffle_dataset=False)
-            trainer = sft_trainer(model, state.tokenizer, hf.row_data(hf.worst_case_rows(state)), args)
-            return hf.measured_step(state, trainer, lambda: train(trainer))
+            bounded = dict(max_steps=1, save_strategy="no", gradient_accumulation_steps=1,
+                           lr_scheduler_type="constant", warmup_steps=0, shuffle_dataset=False)
+            args = run_args(recipe, Path(out), device, **bounded)
+            args = run_args(recipe, Path(out), device, **bounded,
+                            pad_to_multiple_of=worst_case_padding(args, recipe.training.micro_batch_size))
+            trainer = sft_trainer(model, state.tokenizer, hf.row_data(rows), args)
+            return hf.measure_step(state, trainer, model)
 
     def overfit(self, state):
         """The first ``overfit_examples`` rows, all of them in every optimizer step, through an
         SFTTrainer at a constant learning rate until the loss threshold or ``overfit_steps``."""
-        from ..engine.overfit import judged
-        from ..engine.trainable import param_fingerprints, trainable
+        from ..engine.trainable import trainable
 
         recipe, device, checks = state.recipe, state.torch_device, state.recipe.checks
         examples = state.training_examples()[: checks.overfit_examples]
@@ -305,19 +302,14 @@ class TrlTrainer(Trainer):
         state.progress(f"model.overfit: TRL SFTTrainer, up to {checks.overfit_steps} steps", force=True)
         with trainable(recipe, device, state.shared_base) as model, tempfile.TemporaryDirectory(
                 prefix="trl-overfit-", dir=state.scratch) as out:
-            frozen_before = param_fingerprints(model, trainable=False)
-            trained_before = param_fingerprints(model, trainable=True)
+            before = hf.weights_before(model)
             args = run_args(recipe, Path(out), device, max_steps=checks.overfit_steps, save_strategy="no",
                             per_device_train_batch_size=mb, gradient_accumulation_steps=math.ceil(len(examples) / mb),
                             lr_scheduler_type="constant", warmup_steps=0)
-            train(sft_trainer(model, state.tokenizer, hf.row_data(examples), args, [logger]))
-            first = examples[0]
-            return judged(model, recipe, [log.loss for log in logger.logs], frozen_before, trained_before,
-                          prompt_ids=state.encoder.prompt_ids(first.row), stop_ids=state.encoder.stop_ids,
-                          pad_id=state.tokenizer.pad_token_id, torch_device=device,
-                          save_to=state.scratch / "overfit-weights", example_where=first.row.where)
+            hf.train(sft_trainer(model, state.tokenizer, hf.row_data(examples), args, [logger]))
+            return hf.judged_overfit(state, model, examples, logger.logs, before)
 
-    def saved_run(self, state) -> SavedTrlRun:
+    def saved_run(self, state) -> hf.SavedRun:
         """``steps`` uninterrupted SFTTrainer steps, checkpointed by TRL at ``steps // 2``."""
         from ..engine.trainable import trainable
         from ..files import ensure_private_dir, write_private
@@ -332,23 +324,11 @@ class TrlTrainer(Trainer):
         logger = hf.step_logger()
         state.progress(f"lifecycle.resume: {steps} SFTTrainer steps, a checkpoint at step {steps // 2}", force=True)
         with trainable(recipe, device, state.shared_base) as model:
-            train(sft_trainer(model, state.tokenizer, rows, resume_args(recipe, folder, device, steps), [logger]))
-        checkpoint = folder / f"checkpoint-{steps // 2}"
-        if not checkpoint.is_dir():
-            raise Fail(f"TRL wrote no checkpoint at step {steps // 2} in {folder} (save_steps = {steps // 2})")
-        return SavedTrlRun(folder, checkpoint, steps, tuple(logger.logs), hf.checkpoint_bytes(checkpoint),
-                           exact=not state.device.is_accelerator)
+            hf.train(sft_trainer(model, state.tokenizer, rows, resume_args(recipe, folder, device, steps), [logger]))
+        return hf.saved(folder, steps, logger.logs, not state.device.is_accelerator, "TRL")
 
-    def resume(self, state, saved: SavedTrlRun) -> ResumeRun:
-        from ..engine.checkpoint import run_worker
-        from . import worker
-
-        state.progress(f"lifecycle.resume: resuming TRL's checkpoint-{saved.steps // 2} in a fresh process", force=True)
-        payload = run_worker(worker.command("trl", str(state.recipe.source), str(saved.folder), str(saved.checkpoint),
-                                            str(saved.steps), state.torch_device))
-        resumed = [hf.StepLog(*log) for log in payload["logs"]]
-        return ResumeRun([log.loss for log in saved.logs], [log.loss for log in resumed], saved.steps,
-                         saved.checkpoint_bytes, hf.resume_difference(saved.logs, resumed, saved.checkpoint, saved.exact))
+    def resume(self, state, saved: hf.SavedRun) -> ResumeRun:
+        return hf.resumed_in_fresh_process(state, "trl", saved, "TRL")
 
     def resume_here(self, recipe, folder: Path, checkpoint: Path, steps: int, torch_device: str) -> list:
         """In the fresh process: the same SFTTrainer over the same rows, resumed from
@@ -362,5 +342,5 @@ class TrlTrainer(Trainer):
         with trainable(recipe, torch_device, lambda: base) as model:
             trainer = sft_trainer(model, tokenizer, rows, resume_args(recipe, folder / "resumed", torch_device, steps),
                                   [logger])
-            train(trainer, resume_from_checkpoint=str(checkpoint))
+            hf.train(trainer, resume_from_checkpoint=str(checkpoint))
         return [log.to_list() for log in logger.logs]

@@ -12,12 +12,8 @@ from pathlib import Path
 import pytest
 
 from pytest_ftready.outcomes import Fail, Skip
-from pytest_ftready.recipe.schema import load_recipe
-from pytest_ftready.session.state import RunState
 
-from ..conftest import copy_example
-from .own_run import (assert_a_lost_scheduler_fails_naming_it, assert_overfit_beside_the_engines,
-                      assert_resume_gives_the_same_losses, values)
+from ..conftest import copy_example, resume_failure_without, state_for, values
 
 pytest.importorskip("axolotl", reason="Axolotl's own pipeline needs axolotl, installed in an environment of its own "
                                       "(.ci/run builds one)")
@@ -28,9 +24,6 @@ ROOT = Path(__file__).resolve().parents[2]
 def axolotl_state(folder: Path, model_dir: Path, machine, checks_data: str = "", **edits: str):
     """The tiny example's Axolotl config in ``folder``, its keys edited (``key="value"``, added
     when absent); ``checks_data`` lines go into ftready.toml's [data] table."""
-    from pytest_ftready.checks.registry import all_checks
-
-    all_checks()
     copy_example(folder, model_dir)
     for name in ("axolotl.yml", "ftready.toml"):
         shutil.copy(ROOT / "examples" / "tiny" / name, folder / name)
@@ -44,8 +37,7 @@ def axolotl_state(folder: Path, model_dir: Path, machine, checks_data: str = "",
         else:
             text += f"{key}: {value}\n"
     config.write_text(text)
-    run = RunState(artifacts_root=folder / "arts", machine_factory=lambda: machine)
-    return run.recipe_state(load_recipe(config))
+    return state_for(config, folder / "arts", machine)
 
 
 @pytest.fixture(scope="module")
@@ -87,15 +79,26 @@ def test_axolotls_patches_of_the_model_class_are_undone_after_its_run(axolotl_ru
 
 
 def test_axolotls_overfit_reaches_the_threshold_and_reports_the_engines_beside_it(axolotl_run, run_check):
-    assert_overfit_beside_the_engines(axolotl_run, run_check)
+    got = values(run_check(axolotl_run, "model.overfit"))
+    assert got["step_trainer"] == "axolotl AxolotlTrainer"
+    assert got["overfit_final_loss"] <= 0.1 < got["overfit_first_loss"]
+    assert got["engine_overfit_final_loss"] <= 0.1  # the engine's run of the same examples, side by side
+    run_check(axolotl_run, "lifecycle.generate")  # Axolotl's trained adapter reloads and generates the same
 
 
 def test_axolotls_own_resume_in_a_fresh_process_gives_the_same_losses(axolotl_run, run_check):
-    assert_resume_gives_the_same_losses(axolotl_run, run_check)
+    got = values(run_check(axolotl_run, "lifecycle.resume"))
+    run = axolotl_run.resume_run
+    assert run.difference == "" and got["resume_max_loss_difference"] == 0.0
+    assert run.resumed_losses == run.straight_losses[run.steps // 2:]
+    assert (axolotl_run.saved_run.checkpoint / "scheduler.pt").exists()  # Axolotl's own checkpoint
 
 
 def test_a_resume_losing_the_scheduler_state_fails_naming_it(tmp_path, tiny_model_dir, real_machine, run_check):
-    assert_a_lost_scheduler_fails_naming_it(axolotl_state(tmp_path / "tiny", tiny_model_dir, real_machine), run_check)
+    state = axolotl_state(tmp_path / "tiny", tiny_model_dir, real_machine)
+    message = resume_failure_without(state, run_check, "scheduler.pt")
+    assert message.startswith("axolotl AxolotlTrainer: step ")
+    assert "the scheduler state (scheduler.pt)" in message and "learning rate" in message
 
 
 def test_a_collator_padding_to_sequence_len_beyond_the_engines_shows_both_step_memories(tmp_path, tiny_model_dir,

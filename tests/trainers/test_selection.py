@@ -50,15 +50,33 @@ def test_data_and_model_checks_record_whose_pipeline_and_step_they_ran(make_stat
     assert "step_trainer" not in repro  # not a data or model check
 
 
-def test_asking_for_llamafactorys_pipeline_skips_saying_it_is_not_run_yet(tiny_example, real_machine, run_check):
-    from pytest_ftready.checks.registry import all_checks
-    from pytest_ftready.outcomes import Skip
-    from pytest_ftready.session.state import RunState
+def test_asking_for_llamafactorys_pipeline_without_its_config_fails_saying_what_to_run(tiny_example, real_machine,
+                                                                                       run_check):
+    from pytest_ftready.outcomes import Fail
 
-    all_checks()
+    from ..conftest import state_for
+
     recipe = tiny_example / "recipe.toml"
     recipe.write_text(recipe.read_text().replace("[data]\n", "[data]\npipeline = \"llamafactory\"\n"))
-    run = RunState(artifacts_root=tiny_example / "arts", machine_factory=lambda: real_machine)
-    state = run.recipe_state(load_recipe(recipe))
-    with pytest.raises(Skip, match="does not run LLaMA-Factory's own preprocessing yet"):
+    state = state_for(recipe, tiny_example / "arts", real_machine)
+    with pytest.raises(Fail, match=r"needs a LLaMA-Factory config: run pytest --ftready=<your llamafactory.yaml>"):
+        run_check(state, "data.masking")
+
+
+def test_asking_for_llamafactory_where_it_does_not_import_skips_saying_what_to_install(tiny_example, real_machine,
+                                                                                      run_check):
+    import importlib.util
+
+    from pytest_ftready.outcomes import Skip
+
+    from ..conftest import state_for
+
+    if importlib.util.find_spec("llamafactory") is not None:
+        pytest.skip("llamafactory is installed here: tests/trainers/test_llamafactory.py runs its pipeline")
+    for name in ("llamafactory.yaml", "ftready.toml", "data/dataset_info.json"):
+        shutil.copy(ROOT / "examples" / "tiny" / name, tiny_example / name)
+    side = tiny_example / "ftready.toml"
+    side.write_text(side.read_text().replace("[data]\n", "[data]\npipeline = \"llamafactory\"\n"))
+    state = state_for(tiny_example / "llamafactory.yaml", tiny_example / "arts", real_machine)
+    with pytest.raises(Skip, match=r"llamafactory does not import here .*pip install llamafactory"):
         run_check(state, "data.masking")

@@ -9,14 +9,10 @@ from pathlib import Path
 import pytest
 
 from pytest_ftready.outcomes import Fail
-from pytest_ftready.recipe.schema import load_recipe
-from pytest_ftready.session.state import RunState
 from pytest_ftready.tiny import CHATML
 from pytest_ftready.trainers.trl import MIN_TRL
 
-from ..conftest import copy_example
-from .own_run import (assert_a_lost_scheduler_fails_naming_it, assert_overfit_beside_the_engines,
-                      assert_resume_gives_the_same_losses, values)
+from ..conftest import copy_example, resume_failure_without, state_for, values
 
 pytest.importorskip("trl", minversion=MIN_TRL, reason=f"TRL's own run needs trl >= {MIN_TRL} "
                                                       "(pip install 'pytest-ftready[trl]')")
@@ -37,13 +33,6 @@ def trl_folder(folder: Path, model_dir: Path, extra: str = "") -> Path:
     return config
 
 
-def state_for(config: Path, artifacts: Path, machine):
-    from pytest_ftready.checks.registry import all_checks
-
-    all_checks()
-    return RunState(artifacts_root=artifacts, machine_factory=lambda: machine).recipe_state(load_recipe(config))
-
-
 @pytest.fixture(scope="module")
 def trl_state(tmp_path_factory, tiny_model_dir, real_machine):
     """One TRL config's state for the module: its facts (TRL's step, overfit, resume) computed once."""
@@ -57,22 +46,42 @@ def test_a_trl_config_runs_the_step_in_trls_trainer_beside_the_engines(trl_state
     assert got["pipeline"] == "trl" and got["step_trainer"] == "trl SFTTrainer"
     assert trl_state.step is not trl_state.engine_step
     assert got["peak_tensor_bytes"] > 0 and got["engine_peak_bytes"] > 0
-    # TRL pads a batch to its longest row; the engine's worst case pads to max_length
-    assert got["step_tokens"] <= got["engine_step_tokens"] == 4 * 128
+    # the same worst-case micro-batch: TRL's collator pads the longest rows to max_length, as the engine does
+    assert got["step_tokens"] == got["engine_step_tokens"] == 4 * 128
+
+
+def test_the_forecast_is_judged_against_trls_own_step_and_names_it(trl_state, run_check):
+    try:
+        run_check(trl_state, "model.forecast_error")
+    except Fail as exc:  # TRL's step is not the engine's, which the forecast models: the message says both
+        assert "of trl SFTTrainer's step" in str(exc) and "engine step" in str(exc)
+    got = {m.name: m.value for m in trl_state.run.measurements if m.check == "model.forecast_error"}
+    assert got["measured_step_trainer"] == "trl SFTTrainer"
+    assert got["measured_peak"] == trl_state.step.peak_bytes != got["engine_measured_peak"]
+    assert got["forecast_error"] == pytest.approx((got["forecast_peak"] - got["measured_peak"]) / got["measured_peak"])
 
 
 def test_trls_overfit_reaches_the_threshold_and_reports_the_engines_beside_it(trl_state, run_check):
-    assert trl_state.trainer.step_trainer == "trl SFTTrainer"
-    assert_overfit_beside_the_engines(trl_state, run_check)
+    got = values(run_check(trl_state, "model.overfit"))
+    assert got["step_trainer"] == "trl SFTTrainer"
+    assert got["overfit_final_loss"] <= 0.1 < got["overfit_first_loss"]
+    assert got["engine_overfit_final_loss"] <= 0.1  # the engine's run of the same examples, side by side
+    run_check(trl_state, "lifecycle.generate")  # TRL's trained adapter reloads and generates the same
 
 
 def test_trls_own_resume_in_a_fresh_process_gives_the_same_losses(trl_state, run_check):
-    assert_resume_gives_the_same_losses(trl_state, run_check)
+    got = values(run_check(trl_state, "lifecycle.resume"))
+    run = trl_state.resume_run
+    assert run.difference == "" and got["resume_max_loss_difference"] == 0.0
+    assert run.resumed_losses == run.straight_losses[run.steps // 2:]
+    assert (trl_state.saved_run.checkpoint / "scheduler.pt").exists()  # TRL's own checkpoint
 
 
 def test_a_resume_losing_the_scheduler_state_fails_naming_it(tmp_path, tiny_model_dir, real_machine, run_check):
     state = state_for(trl_folder(tmp_path / "tiny", tiny_model_dir), tmp_path / "arts", real_machine)
-    assert_a_lost_scheduler_fails_naming_it(state, run_check)
+    message = resume_failure_without(state, run_check, "scheduler.pt")
+    assert message.startswith("trl SFTTrainer: step ")
+    assert "the scheduler state (scheduler.pt)" in message and "learning rate" in message
 
 
 def test_a_collator_padding_longer_than_the_engines_shows_both_step_memories(tmp_path, tiny_model_dir, real_machine,
