@@ -2,7 +2,8 @@
 its own training step, its save and resume), behind one interface (``base.Trainer``) that
 the session asks. ``builtin`` is pytest-ftready's own engine, the trainer of last resort;
 ``trl`` runs TRL's own preprocessing, step, overfit and resume; ``axolotl`` Axolotl's own
-preprocessing (its step is still the engine's); ``llamafactory`` LLaMA-Factory's own
+preprocessing, step, overfit and resume (the Trainer Axolotl builds from the team's config);
+``llamafactory`` LLaMA-Factory's own
 preprocessing, step, overfit and resume. ``hf`` holds what the trainers built on
 ``transformers.Trainer`` share (step logs, the measured step, the fresh-process resume and its
 cause); ``worker`` is that fresh process.

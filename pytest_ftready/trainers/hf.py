@@ -6,6 +6,7 @@ Imports transformers only inside the functions that need it."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from dataclasses import dataclass
@@ -19,6 +20,11 @@ CHECKPOINT_PARTS = (("optimizer.pt", "the optimizer state (optimizer.pt)"),
                     ("trainer_state.json", "the trainer state: step and data position (trainer_state.json)"))
 
 
+# The cumulative token count a trainer logs: TRL's num_tokens, transformers' num_input_tokens_seen
+# (include_num_input_tokens_seen), Axolotl's tokens/trainable.
+TOKEN_KEYS = ("num_tokens", "num_input_tokens_seen", "tokens/trainable")
+
+
 @dataclass(frozen=True)
 class StepLog:
     """One optimizer step as the Trainer logged it (``logging_steps = 1``)."""
@@ -26,7 +32,7 @@ class StepLog:
     step: int
     loss: float
     learning_rate: Optional[float]
-    tokens: Optional[float]  # tokens seen so far (TRL's num_tokens, num_input_tokens_seen), when logged
+    tokens: Optional[float]  # tokens seen so far (TOKEN_KEYS), when logged
 
     def to_list(self) -> list:
         return [self.step, self.loss, self.learning_rate, self.tokens]
@@ -44,8 +50,7 @@ def step_logger(stop_below: Optional[float] = None):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
                 loss = float(logs["loss"])
-                # TRL logs num_tokens; transformers' include_num_input_tokens_seen logs num_input_tokens_seen
-                tokens = logs.get("num_tokens", logs.get("num_input_tokens_seen"))
+                tokens = next((float(logs[key]) for key in TOKEN_KEYS if key in logs), None)
                 self.logs.append(StepLog(state.global_step, loss, logs.get("learning_rate"), tokens))
                 if not math.isfinite(loss) or (stop_below is not None and loss <= stop_below):
                     control.should_training_stop = True
@@ -59,6 +64,11 @@ def quiet(trainer) -> None:
 
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
+
+
+def row_data(examples: Sequence) -> list[dict]:
+    """The rows of training examples as the team wrote them: what a trainer's own run is fed."""
+    return [dict(e.row.data) for e in examples]
 
 
 def worst_case_examples(state) -> list:
@@ -124,12 +134,22 @@ def judged_overfit(state, model, examples: Sequence, logs: Sequence[StepLog], be
                   save_to=state.scratch / f"overfit-weights-{state.trainer.name}", example_where=first.row.where)
 
 
-def train(trainer, **kwargs) -> None:
-    """``trainer.train``: the deprecations a trainer's own code and imports raise (a model card
-    that imports gradio and click while saving, its own defaults) are the trainer's, not the user's."""
+@contextlib.contextmanager
+def trainer_warnings():
+    """The warnings a trainer's own code and imports raise (a model card that imports gradio and
+    click while saving, its own defaults, its DataLoader's pin_memory without an accelerator,
+    Axolotl's imports of TRL's experimental modules) are the trainer's, not the user's."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*'pin_memory' argument is set as true but no accelerator")
+        warnings.filterwarnings("ignore", message="You are importing from 'trl.experimental'")
+        yield
+
+
+def train(trainer, **kwargs) -> None:
+    """``trainer.train`` without the trainer's own warnings (``trainer_warnings``)."""
+    with trainer_warnings():
         trainer.train(**kwargs)
 
 
@@ -147,7 +167,8 @@ def measure_step(state, trainer, model):
     from ..outcomes import out_of_memory
 
     device, capacity = state.torch_device, state.device.memory_total_bytes
-    batch = next(iter(trainer.get_train_dataloader()))
+    with trainer_warnings():
+        batch = next(iter(trainer.get_train_dataloader()))
     tokens = int(batch["input_ids"].numel())
     layers = num_layers(model)
     try:

@@ -284,10 +284,6 @@ def sft_trainer(recipe, rows: Sequence[dict], folder: Path, torch_device: str, c
     return trainer, model
 
 
-def row_data(examples: Sequence) -> list[dict]:
-    return [dict(e.row.data) for e in examples]
-
-
 def resume_bounds(recipe, steps: int) -> dict:
     return {"max_steps": steps, "save_strategy": "steps", "save_steps": steps // 2, "save_total_limit": None}
 
@@ -306,7 +302,7 @@ class LlamaFactoryTrainer(Trainer):
         """The worst-case micro-batch (the longest rows) through one step of LLaMA-Factory's trainer
         (``hf.measure_step``): its collator pads, its optimizer steps."""
         with tempfile.TemporaryDirectory(prefix="llamafactory-step-", dir=state.scratch) as out:
-            trainer, model = sft_trainer(state.recipe, row_data(hf.worst_case_examples(state)), Path(out),
+            trainer, model = sft_trainer(state.recipe, hf.row_data(hf.worst_case_examples(state)), Path(out),
                                          state.torch_device, max_steps=1, gradient_accumulation_steps=1,
                                          lr_scheduler_type="constant", warmup_steps=0,
                                          disable_shuffling=True)
@@ -321,7 +317,7 @@ class LlamaFactoryTrainer(Trainer):
         logger = hf.step_logger(stop_below=checks.overfit_loss)
         state.progress(f"model.overfit: LLaMA-Factory's trainer, up to {checks.overfit_steps} steps", force=True)
         with tempfile.TemporaryDirectory(prefix="llamafactory-overfit-", dir=state.scratch) as out:
-            trainer, model = sft_trainer(recipe, row_data(examples), Path(out), device, [logger],
+            trainer, model = sft_trainer(recipe, hf.row_data(examples), Path(out), device, [logger],
                                          max_steps=checks.overfit_steps, per_device_train_batch_size=mb,
                                          gradient_accumulation_steps=math.ceil(len(examples) / mb),
                                          lr_scheduler_type="constant", warmup_steps=0)
@@ -338,7 +334,7 @@ class LlamaFactoryTrainer(Trainer):
         steps = resume_steps(recipe)
         examples = state.training_examples()[: max(2, t.micro_batch_size * t.gradient_accumulation_steps * steps)]
         folder = ensure_private_dir(state.scratch / "llamafactory-resume")
-        rows = row_data(examples)
+        rows = hf.row_data(examples)
         write_private(folder / "rows.json", json.dumps(rows))
         logger = hf.step_logger()
         state.progress(f"lifecycle.resume: {steps} steps of LLaMA-Factory's trainer, a checkpoint at step {steps // 2}",

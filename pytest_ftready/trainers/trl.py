@@ -245,10 +245,6 @@ def sft_trainer(model, tokenizer, rows: Sequence[dict], args, callbacks: Sequenc
     return trainer
 
 
-def row_data(examples: Sequence) -> list[dict]:
-    return [dict(e.row.data) for e in examples]
-
-
 def resume_args(recipe, folder: Path, torch_device: str, steps: int):
     return run_args(recipe, folder, torch_device, max_steps=steps, save_strategy="steps", save_steps=steps // 2,
                     save_total_limit=None)
@@ -291,7 +287,7 @@ class TrlTrainer(Trainer):
             args = run_args(recipe, Path(out), device, **bounded)
             args = run_args(recipe, Path(out), device, **bounded,
                             pad_to_multiple_of=worst_case_padding(args, recipe.training.micro_batch_size))
-            trainer = sft_trainer(model, state.tokenizer, row_data(rows), args)
+            trainer = sft_trainer(model, state.tokenizer, hf.row_data(rows), args)
             return hf.measure_step(state, trainer, model)
 
     def overfit(self, state):
@@ -310,7 +306,7 @@ class TrlTrainer(Trainer):
             args = run_args(recipe, Path(out), device, max_steps=checks.overfit_steps, save_strategy="no",
                             per_device_train_batch_size=mb, gradient_accumulation_steps=math.ceil(len(examples) / mb),
                             lr_scheduler_type="constant", warmup_steps=0)
-            hf.train(sft_trainer(model, state.tokenizer, row_data(examples), args, [logger]))
+            hf.train(sft_trainer(model, state.tokenizer, hf.row_data(examples), args, [logger]))
             return hf.judged_overfit(state, model, examples, logger.logs, before)
 
     def saved_run(self, state) -> hf.SavedRun:
@@ -323,7 +319,7 @@ class TrlTrainer(Trainer):
         steps = resume_steps(recipe)
         examples = state.training_examples()[: max(2, t.micro_batch_size * t.gradient_accumulation_steps * steps)]
         folder = ensure_private_dir(state.scratch / "trl-resume")
-        rows = row_data(examples)
+        rows = hf.row_data(examples)
         write_private(folder / ROWS_FILE, json.dumps(rows))
         logger = hf.step_logger()
         state.progress(f"lifecycle.resume: {steps} SFTTrainer steps, a checkpoint at step {steps // 2}", force=True)

@@ -1,6 +1,8 @@
-"""Axolotl's own preprocessing: an Axolotl config's rows are tokenized and labelled by Axolotl's
-prompt strategy, and data.masking judges those labels. Runs where axolotl is installed (its own
-environment: .ci/run builds one); skipped elsewhere, saying so."""
+"""Axolotl's own preprocessing and run: an Axolotl config's rows are tokenized and labelled by
+Axolotl's prompt strategy (data.masking judges those labels), and its step, overfit and resume go
+through the Trainer Axolotl builds (real Axolotl, the real tiny model), beside the engine's; planted
+differences are caught naming Axolotl. Runs where axolotl is installed (its own environment:
+.ci/run builds one); skipped elsewhere, saying so."""
 
 from __future__ import annotations
 
@@ -9,11 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ftready.outcomes import Fail
-from pytest_ftready.recipe.schema import load_recipe
-from pytest_ftready.session.state import RunState
+from pytest_ftready.outcomes import Fail, Skip
 
-from ..conftest import copy_example
+from ..conftest import copy_example, resume_failure_without, state_for, values
 
 pytest.importorskip("axolotl", reason="Axolotl's own pipeline needs axolotl, installed in an environment of its own "
                                       "(.ci/run builds one)")
@@ -21,29 +21,94 @@ pytest.importorskip("axolotl", reason="Axolotl's own pipeline needs axolotl, ins
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def axolotl_state(folder: Path, model_dir: Path, machine, **edits: str):
-    from pytest_ftready.checks.registry import all_checks
-
-    all_checks()
+def axolotl_state(folder: Path, model_dir: Path, machine, checks_data: str = "", **edits: str):
+    """The tiny example's Axolotl config in ``folder``, its keys edited (``key="value"``, added
+    when absent); ``checks_data`` lines go into ftready.toml's [data] table."""
     copy_example(folder, model_dir)
     for name in ("axolotl.yml", "ftready.toml"):
         shutil.copy(ROOT / "examples" / "tiny" / name, folder / name)
+    side = folder / "ftready.toml"
+    side.write_text(side.read_text().replace("[data]\n", f"[data]\n{checks_data}", 1))
     config = folder / "axolotl.yml"
     text = config.read_text()
     for key, value in edits.items():
-        text = text.replace(f"{key}: ", f"{key}: {value}  # was: ", 1)
+        if f" {key}: " in text or f"\n{key}: " in text:  # a top-level or a dataset entry's key
+            text = text.replace(f"{key}: ", f"{key}: {value}  # was: ", 1)
+        else:
+            text += f"{key}: {value}\n"
     config.write_text(text)
-    run = RunState(artifacts_root=folder / "arts", machine_factory=lambda: machine)
-    return run.recipe_state(load_recipe(config))
+    return state_for(config, folder / "arts", machine)
 
 
-def test_an_axolotl_config_checks_the_labels_axolotl_makes(tmp_path, tiny_model_dir, real_machine, run_check):
-    state = axolotl_state(tmp_path / "tiny", tiny_model_dir, real_machine)
-    got = {m.name: m.value for m in run_check(state, "data.masking").measured}
-    assert (got["pipeline"], got["step_trainer"]) == ("axolotl", "pytest-ftready engine")
+@pytest.fixture(scope="module")
+def axolotl_run(tmp_path_factory, tiny_model_dir, real_machine):
+    """One Axolotl config's state for the module: its facts (Axolotl's step, overfit, resume) computed once."""
+    return axolotl_state(tmp_path_factory.mktemp("axolotl") / "tiny", tiny_model_dir, real_machine)
+
+
+def test_an_axolotl_config_checks_the_labels_axolotl_makes(axolotl_run, run_check):
+    got = values(run_check(axolotl_run, "data.masking"))
+    assert (got["pipeline"], got["step_trainer"]) == ("axolotl", "axolotl AxolotlTrainer")
     assert got["trained_span_method"] == "Axolotl chat_template"
     assert 0 < got["trained_token_share"] < 0.5
-    assert not (tmp_path / "tiny" / "last_run_prepared").exists()  # nothing written beside the team's config
+
+
+def test_an_axolotl_config_runs_the_step_in_axolotls_trainer_beside_the_engines(axolotl_run, run_check):
+    from pytest_ftready.trainers.hf import trainer_warnings
+
+    with trainer_warnings():  # Axolotl's own imports warn (TRL's experimental modules)
+        from axolotl.core.trainers.base import AxolotlTrainer
+
+    assert AxolotlTrainer.__name__ == axolotl_run.trainer.step_trainer.split()[-1]  # the class Axolotl builds
+    got = values(run_check(axolotl_run, "model.step_memory"))
+    assert axolotl_run.step is not axolotl_run.engine_step
+    assert got["peak_tensor_bytes"] > 0 and got["engine_peak_bytes"] > 0 and got["peak_vs_engine"] > 0
+    # Axolotl pads the longest rows (79 tokens) to a multiple of 64: sequence_len 128, as the engine's worst case
+    assert got["step_tokens"] == got["engine_step_tokens"] == 4 * 128
+    team = axolotl_run.recipe.source.parent
+    assert not (team / "last_run_prepared").exists() and not (team / "runs").exists()  # nothing in the team's paths
+
+
+def test_axolotls_patches_of_the_model_class_are_undone_after_its_run(axolotl_run, run_check):
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    run_check(axolotl_run, "model.step_memory")
+    # Axolotl's LoRA kernels replaced LlamaAttention.forward during the run (and marked it _original_forward)
+    assert not hasattr(LlamaAttention, "_original_forward")
+    assert LlamaAttention.forward.__module__ == "transformers.models.llama.modeling_llama"
+
+
+def test_axolotls_overfit_reaches_the_threshold_and_reports_the_engines_beside_it(axolotl_run, run_check):
+    got = values(run_check(axolotl_run, "model.overfit"))
+    assert got["step_trainer"] == "axolotl AxolotlTrainer"
+    assert got["overfit_final_loss"] <= 0.1 < got["overfit_first_loss"]
+    assert got["engine_overfit_final_loss"] <= 0.1  # the engine's run of the same examples, side by side
+    run_check(axolotl_run, "lifecycle.generate")  # Axolotl's trained adapter reloads and generates the same
+
+
+def test_axolotls_own_resume_in_a_fresh_process_gives_the_same_losses(axolotl_run, run_check):
+    got = values(run_check(axolotl_run, "lifecycle.resume"))
+    run = axolotl_run.resume_run
+    assert run.difference == "" and got["resume_max_loss_difference"] == 0.0
+    assert run.resumed_losses == run.straight_losses[run.steps // 2:]
+    assert (axolotl_run.saved_run.checkpoint / "scheduler.pt").exists()  # Axolotl's own checkpoint
+
+
+def test_a_resume_losing_the_scheduler_state_fails_naming_it(tmp_path, tiny_model_dir, real_machine, run_check):
+    state = axolotl_state(tmp_path / "tiny", tiny_model_dir, real_machine)
+    message = resume_failure_without(state, run_check, "scheduler.pt")
+    assert message.startswith("axolotl AxolotlTrainer: step ")
+    assert "the scheduler state (scheduler.pt)" in message and "learning rate" in message
+
+
+def test_a_collator_padding_to_sequence_len_beyond_the_engines_shows_both_step_memories(tmp_path, tiny_model_dir,
+                                                                                      real_machine, run_check):
+    # The team checks at the 128 tokens its rows need; Axolotl pads every batch to sequence_len 512
+    state = axolotl_state(tmp_path / "tiny", tiny_model_dir, real_machine, checks_data="max_length = 128\n",
+                          pad_to_sequence_len="true", sequence_len="512")
+    got = values(run_check(state, "model.step_memory"))
+    assert got["step_tokens"] == 4 * 512 > got["engine_step_tokens"] == 4 * 128
+    assert got["peak_tensor_bytes"] > got["engine_peak_bytes"] and got["peak_vs_engine"] > 1
 
 
 def test_a_config_whose_masks_axolotl_builds_wrong_fails_masking_naming_axolotl(tmp_path, tiny_model_dir, real_machine,
@@ -53,3 +118,14 @@ def test_a_config_whose_masks_axolotl_builds_wrong_fails_masking_naming_axolotl(
         run_check(state, "data.masking")
     message = str(info.value)
     assert message.startswith("labels made by Axolotl chat_template:") and "stop_untrained" in message
+
+
+def test_a_step_axolotl_cannot_run_on_a_cpu_skips_naming_what_it_needs(tmp_path, tiny_model_dir, real_machine,
+                                                                       run_check):
+    state = axolotl_state(tmp_path / "tiny", tiny_model_dir, real_machine, sdp_attention="false",
+                          flash_attention="true")
+    if state.device.is_accelerator:
+        pytest.skip(f"{state.device.name} is an accelerator: flash attention may run there")
+    with pytest.raises(Skip) as info:
+        run_check(state, "model.step_memory")
+    assert "Axolotl cannot run this config's step" in str(info.value) and "flash-attn on a CUDA GPU" in str(info.value)

@@ -63,3 +63,16 @@ def test_every_recipe_optimizer_has_a_transformers_name_for_trls_run():
     names = {o.value for o in OptimizerNames}
     for choice in SCHEMA["training"]["optimizer"].choices:  # a recipe optimizer TRL's run cannot name is a KeyError
         assert OPTIM[choice] in names, choice
+
+
+def test_the_step_log_reads_each_trainers_token_count():
+    from types import SimpleNamespace
+
+    from pytest_ftready.trainers.hf import step_logger
+
+    logger = step_logger()
+    for step, logs in ((1, {"loss": 9.4, "learning_rate": 0.01, "num_tokens": 450.0}),  # TRL
+                       (2, {"loss": 8.6, "learning_rate": 0.0075, "tokens/trainable": 156, "tokens/total": 1536}),  # Axolotl
+                       (3, {"loss": 8.1, "learning_rate": 0.005})):  # neither
+        logger.on_log(None, SimpleNamespace(global_step=step), SimpleNamespace(should_training_stop=False), logs)
+    assert [log.tokens for log in logger.logs] == [450.0, 156.0, None]
