@@ -48,7 +48,7 @@ def workers_for(requested: Optional[int], files: Sequence, encoding: bool) -> in
 
 def encode_with(encoder, pairs: list) -> list:
     """The built-in encoder over [(row, sample)]: what a worker (or this process) runs."""
-    return [encoder.encode(row, sample) for row, sample in pairs]
+    return encoder.encode_many(pairs)
 
 
 class PassFailed(RuntimeError):
