@@ -158,3 +158,30 @@ def test_fuzzed_contents_encode_many_is_encode(tokenizers, turns, name):  # noqa
     rows = [Row("t.jsonl", 1, {"messages": messages})]
     pairs = [(row, read_sample(row, "auto", "assistant")[0]) for row in rows if not row_problems(row, "auto", "assistant")]
     assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
+
+
+def test_a_pass_over_a_generated_corpus_is_the_same_spliced_or_row_by_row(tmp_path, tiny_model_dir):
+    """The issue's proof in small: every problem, length and the fingerprint of every row's tokens
+    and labels agree between the spliced and the row-by-row data pass (planted secrets, escaped
+    values and decoys included)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from pytest_ftready.data.digest import Plan
+    from pytest_ftready.data.encoding import Encoder, stop_token_ids
+    from pytest_ftready.data.passes import run_pass
+    from tests.benchmarks.corpus import write_corpus
+
+    path = tmp_path / "chat.jsonl"
+    write_corpus(path, 1500, plant_every=20)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    data = SimpleNamespace(format="messages", train_on="assistant", max_length=128, add_special_tokens=False, roles={})
+    spliced, row_by_row = (Encoder(tok, data, stop_token_ids(tok)) for _ in range(2))
+    row_by_row.splicer = None
+    plan = Plan(format="messages", train_on="assistant")
+    one, other = (run_pass([path], plan, encoder=e, chunk_bytes=65536) for e in (spliced, row_by_row))
+    assert one.encoded == 1500 and one.problems and len(spliced.splicer.skeletons) > 1
+    for name in ("problems", "bad", "bad_count", "full_lengths", "lengths", "fingerprint", "head",
+                 "with_problems", "first_trainable", "layouts", "methods"):
+        assert getattr(one, name) == getattr(other, name), name
