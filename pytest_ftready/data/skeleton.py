@@ -178,6 +178,8 @@ class _Taint:
         if isinstance(node, (n.Const, n.TemplateData)):
             return None
         if isinstance(node, n.Name):
+            if node.name not in self.names and any(key.startswith(node.name + ".") for key in self.names):
+                return MESSAGE  # a namespace holding a content: only its fields may be read
             return self.names.get(node.name)
         if isinstance(node, n.Getattr):
             if isinstance(node.node, n.Name):

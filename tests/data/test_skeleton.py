@@ -44,6 +44,7 @@ def test_templates_that_only_print_contents_are_opaque(template):
     "{{ m | tojson }}", "{{ m }}", "{{ messages | tojson }}", "{{ m['content'] | upper }}",
     "{% if m['content'] == 'hi' %}x{% endif %}", "{% set c = m['content'] %}{{ c.strip() }}",
     "{% set ns = namespace(c='') %}{% set ns.c = m['content'] %}{{ ns.c | length }}",
+    "{% set ns = namespace(c='') %}{% set ns.c = m['content'] %}{{ ns }}",
     "{{ c | length }}{% set c = m['content'] %}",  # a use before the binding, in source order
     "{% filter upper %}{{ m['content'] }}{% endfilter %}", "{% for k, v in m.items() %}{{ v }}{% endfor %}",
     "{% macro show(x) %}{{ x | upper }}{% endmacro %}{{ show(m['content']) }}",
