@@ -186,3 +186,13 @@ def test_a_pass_over_a_generated_corpus_is_the_same_spliced_or_row_by_row(tmp_pa
     for name in ("problems", "bad", "bad_count", "full_lengths", "lengths", "fingerprint", "head",
                  "with_problems", "first_trainable", "layouts", "methods"):
         assert getattr(one, name) == getattr(other, name), name
+
+
+def test_a_backend_left_truncating_goes_through_the_tokenizers_own_call(tokenizers):  # noqa: F811
+    enc = encoder(tokenizers["tiny"], CHATML, "<|im_end|>", "assistant", 512, True)
+    rows = [Row("t.jsonl", k, variants({"messages": ROWS[1]["messages"]}, k)) for k in range(4)]
+    pairs = [(row, enc.sample(row)) for row in rows]
+    expected = [enc.encode(row, s) for row, s in pairs]
+    enc.tok._tokenizer.enable_truncation(8)  # the backend's batch call would cut every row at 8 tokens
+    assert enc.encode_many(pairs) == expected
+    assert enc.tok._tokenizer.truncation is None  # the tokenizer's __call__ ran (and set its backend back)
