@@ -48,7 +48,7 @@ def workers_for(requested: Optional[int], files: Sequence, encoding: bool) -> in
 
 def encode_with(encoder, pairs: list) -> list:
     """The built-in encoder over [(row, sample)]: what a worker (or this process) runs."""
-    return [encoder.encode(row, sample) for row, sample in pairs]
+    return encoder.encode_many(pairs)
 
 
 class PassFailed(RuntimeError):
@@ -141,6 +141,8 @@ def _start_worker(encoder) -> None:
 
     global _ENCODER
     _ENCODER = encoder
+    # the workers already take every CPU: a tokenizer's own batch threads in each would only contend
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     parent = multiprocessing.parent_process()
     if parent is not None:  # a worker outlives no killed main process (it would wait on its queue forever)

@@ -141,7 +141,7 @@ def candidate_lines(handle, find: Finder = None, read: Optional[Callable[[int], 
             rest = buf
             continue
         buf, rest = buf[:cut], buf[cut:]
-        if buf.count(b"\r") != buf.count(b"\r\n"):  # bare CRs: lines as text mode splits them
+        if b"\r" in buf and buf.count(b"\r") != buf.count(b"\r\n"):  # bare CRs: lines as text mode splits them
             for line in io.StringIO(buf.decode("utf-8", "replace"), newline=None):
                 number += 1
                 yield number, line

@@ -41,7 +41,8 @@ def test_format_masking_lengths(benchmark, chat_rows, encoder):
 
     def checks():
         good = [r for r in chat_rows if not row_problems(r, "messages", "assistant")]
-        encoded = [encoder.encode(r) for r in good]  # the masks, labels and their verification
+        # the masks, labels and their verification, as the data pass makes them (spliced renders)
+        encoded = encoder.encode_many([(r, encoder.sample(r)) for r in good])
         lengths = [e.full_length for e in encoded]
         return encoded, (percentile(lengths, 0.5), percentile(lengths, 0.95), max(lengths))
 
@@ -49,6 +50,15 @@ def test_format_masking_lengths(benchmark, chat_rows, encoder):
     benchmark.extra_info["rows"] = ROWS
     benchmark.extra_info["rows_per_s"] = ROWS / benchmark.stats.stats.median
     assert len(encoded) == ROWS and all(not e.problems for e in encoded) and p50 <= p95 <= top
+
+
+@pytest.mark.benchmark(group=f"data checks vs apply_chat_template, {ROWS:,} rows")
+def test_row_by_row_encoding(benchmark, chat_rows, encoder):
+    """The encoder without splicing: each row rendered (with its turn prompts) and tokenized alone."""
+    encoded = benchmark.pedantic(lambda: [encoder.encode(r) for r in chat_rows], rounds=1, iterations=1)
+    benchmark.extra_info["rows"] = ROWS
+    benchmark.extra_info["rows_per_s"] = ROWS / benchmark.stats.stats.median
+    assert len(encoded) == ROWS and encoder.splicer is not None
 
 
 @pytest.mark.benchmark(group=f"data checks vs apply_chat_template, {ROWS:,} rows")

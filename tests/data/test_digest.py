@@ -118,7 +118,7 @@ def test_worker_processes_give_the_same_digest(corpus, encoder, whole):
 class DyingEncoder:
     """Dies in the worker as an out-of-memory kill would."""
 
-    def encode(self, row, sample=None):
+    def encode_many(self, pairs):
         os._exit(9)
 
 
@@ -236,7 +236,7 @@ class SlowEncoder:
     def __init__(self, folder: str) -> None:
         self.folder = folder
 
-    def encode(self, row, sample=None):
+    def encode_many(self, pairs):
         import pathlib
         import time
 

@@ -1,0 +1,408 @@
+"""Chat renders by splicing: render a conversation's structure once, then write each row's text.
+
+Most chat templates treat a message's content as opaque text: they print it (maybe ``| trim``),
+concatenated with role markers, and test at most whether it is empty or a string. For such a
+template the render of a conversation is a skeleton fixed by its structure (the roles and
+other fields of its messages, which turns train, its tools) with each content spliced in. The
+skeleton is rendered once per structure with placeholder contents, together with the renders
+the encoder needs around each trained turn (the inference prompt before it, the render up to
+it) and the ``{% generation %}`` spans; a row's text and its spans then cost one string join.
+
+``opaque(template)`` proves from the template's Jinja syntax tree that every use of a content
+is printed, concatenated into printed text, trimmed, or tested for being a string / empty;
+any other use (``in``, ``split``, ``replace``, ``length``, indexing, ``tojson``, a macro call
+with it...) and the template is rendered row by row. A row is rendered row by row too when a
+content holds a placeholder character, is whitespace only (no placeholder keeps both its
+truthiness and its trimmed emptiness), or is not a string, and a structure whose render
+fails, or whose turn renders are not prefixes of the training render, goes row by row (the
+row-by-row path then names the problem). Imports jinja2 (through transformers) only when
+``opaque`` is first called."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+# a placeholder is " k " between private-use marks, padded with an ideographic space (whitespace
+# to str.strip, so ``| trim`` shows as the padding's absence)
+PAD, OPEN, CLOSE = "\u3000", "\ue000", "\ue001"
+MARKS = (PAD, OPEN, CLOSE)
+_PIECE = re.compile(f"{PAD}{OPEN}(\\d+){CLOSE}{PAD}|{OPEN}(\\d+){CLOSE}")
+MAX_STRUCTURES = 4096  # skeletons kept per encoder (the cache is emptied when full)
+
+LIST, MESSAGE, TEXT = "messages", "message", "content"  # what a template expression holds
+TYPE_TESTS = frozenset({"string", "defined", "undefined", "none", "mapping", "sequence", "iterable"})
+DICT_ATTRIBUTES = frozenset(dir(dict))  # message.items, message.values, ...: contents as data
+
+
+class _NotOpaque(Exception):
+    pass
+
+
+def opaque(template: str, special_tokens: Sequence[str] = ()) -> bool:
+    """Whether every render of ``template`` is its structure's skeleton with the contents spliced
+    in (see the module docstring). False when it cannot be parsed as transformers parses it, or
+    when it (or a special token it may print) holds a placeholder character."""
+    if not template or any(mark in text for mark in MARKS for text in (template, *special_tokens)):
+        return False
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        tree = _compile_jinja_template(template).environment.parse(template)
+    except Exception:  # another transformers, or a template jinja rejects: row by row
+        return False
+    taint = _Taint()
+    try:
+        for _ in range(8):  # until no name gains a taint: an earlier use may read a later binding
+            taint.changed = False
+            taint.statements(tree.body)
+            if not taint.changed:
+                return True
+    except _NotOpaque:
+        return False
+    return False
+
+
+class _Taint:
+    """What each template name may hold (``LIST``, ``MESSAGE``, ``TEXT``), and the check that
+    every use of those is one that keeps the content opaque."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {"messages": LIST}
+        self.changed = False
+
+    def bind(self, name: str, kind: Optional[str]) -> None:
+        if kind is None:
+            return  # a name never loses a taint: scopes and orders are not followed
+        old = self.names.get(name)
+        if old is None:
+            self.names[name] = kind
+            self.changed = True
+        elif old != kind:
+            raise _NotOpaque
+
+    def mentions(self, node) -> bool:
+        from jinja2 import nodes
+
+        return any(n.name in self.names or n.name == "loop" for n in node.find_all(nodes.Name))
+
+    def statements(self, body) -> None:
+        for node in body:
+            self.statement(node)
+
+    def statement(self, node) -> None:
+        from jinja2 import nodes as n
+
+        if isinstance(node, n.Output):
+            for child in node.nodes:
+                if self.expr(child) not in (None, TEXT):
+                    raise _NotOpaque  # a message or the list printed: its repr holds the contents
+        elif isinstance(node, n.For):
+            kind = self.expr(node.iter)
+            if kind == LIST and isinstance(node.target, n.Name):
+                self.bind(node.target.name, MESSAGE)
+            elif kind is not None:
+                raise _NotOpaque
+            if node.test is not None:
+                self.expr(node.test)
+            self.statements(node.body)
+            self.statements(node.else_)
+        elif isinstance(node, n.If):
+            self.expr(node.test)
+            self.statements(node.body)
+            self.statements(node.elif_)
+            self.statements(node.else_)
+        elif isinstance(node, n.Assign):
+            self.target(node.target, self.expr(node.node))
+        elif isinstance(node, n.AssignBlock):
+            if node.filter is not None and self.mentions(node):
+                raise _NotOpaque
+            self.statements(node.body)
+            self.target(node.target, TEXT if self.mentions(node) else None)
+        elif isinstance(node, n.CallBlock):
+            call = node.call
+            if not (isinstance(call, n.Call) and isinstance(call.node, n.ExtensionAttribute)
+                    and call.node.name == "_generation_support") and self.mentions(node):
+                raise _NotOpaque  # a macro's caller() with a content: the macro may do anything with it
+            self.statements(node.body)
+        elif isinstance(node, n.Macro):
+            for default in node.defaults:
+                if self.expr(default) is not None:
+                    raise _NotOpaque
+            self.statements(node.body)
+        elif isinstance(node, n.With):
+            for target, value in zip(node.targets, node.values):
+                self.target(target, self.expr(value))
+            self.statements(node.body)
+        elif isinstance(node, n.ExprStmt):
+            if self.expr(node.node) is not None:
+                raise _NotOpaque
+        elif isinstance(node, n.Scope):
+            self.statements(node.body)
+        elif isinstance(node, n.FilterBlock):
+            if self.mentions(node):
+                raise _NotOpaque  # the filter rewrites the printed content
+            self.statements(node.body)
+        elif not isinstance(node, (n.Break, n.Continue)):
+            raise _NotOpaque  # include, import, extends, autoescape...: not analysed
+
+    def target(self, node, kind: Optional[str]) -> None:
+        from jinja2 import nodes as n
+
+        if isinstance(node, n.Name):
+            self.bind(node.name, kind)
+        elif isinstance(node, n.NSRef):
+            self.bind(f"{node.name}.{node.attr}", kind)
+        elif kind is not None:
+            raise _NotOpaque
+
+    def clean(self, *exprs) -> None:
+        for expr in exprs:
+            if expr is not None and self.expr(expr) is not None:
+                raise _NotOpaque
+
+    def field(self, kind: Optional[str], name, through_attribute: bool) -> Optional[str]:
+        """A message's field ``name``: its content, or structure (part of the skeleton's key)."""
+        if kind is None:
+            return None
+        if kind == MESSAGE and isinstance(name, str) and not (through_attribute and name in DICT_ATTRIBUTES):
+            return TEXT if name == "content" else None
+        raise _NotOpaque
+
+    def expr(self, node) -> Optional[str]:
+        from jinja2 import nodes as n
+
+        if isinstance(node, (n.Const, n.TemplateData)):
+            return None
+        if isinstance(node, n.Name):
+            if node.name not in self.names and any(key.startswith(node.name + ".") for key in self.names):
+                return MESSAGE  # a namespace holding a content: only its fields may be read
+            return self.names.get(node.name)
+        if isinstance(node, n.Getattr):
+            if isinstance(node.node, n.Name):
+                if node.node.name == "loop" and node.attr in ("previtem", "nextitem"):
+                    return MESSAGE
+                if f"{node.node.name}.{node.attr}" in self.names:
+                    return self.names[f"{node.node.name}.{node.attr}"]
+            return self.field(self.expr(node.node), node.attr, True)
+        if isinstance(node, n.Getitem):
+            kind = self.expr(node.node)
+            if kind == LIST:
+                self.clean(node.arg)
+                return LIST if isinstance(node.arg, n.Slice) else MESSAGE
+            if kind == MESSAGE and isinstance(node.arg, n.Const):
+                return self.field(kind, node.arg.value, False)
+            if kind is not None:
+                raise _NotOpaque
+            self.clean(node.arg)
+            return None
+        if isinstance(node, n.Call):
+            return self.call(node)
+        if isinstance(node, n.Filter):
+            return self.filter(node)
+        if isinstance(node, n.Test):
+            kind = self.expr(node.node)
+            self.clean(*node.args, *(kw.value for kw in node.kwargs), node.dyn_args, node.dyn_kwargs)
+            if kind is not None and node.name not in TYPE_TESTS:
+                raise _NotOpaque
+            return None
+        if isinstance(node, (n.Add, n.Concat)):
+            kinds = {self.expr(child) for child in ((node.left, node.right) if isinstance(node, n.Add) else node.nodes)}
+            return self.either(kinds)
+        if isinstance(node, n.Not):
+            self.expr(node.node)  # truthiness: emptiness is part of the structure
+            return None
+        if isinstance(node, (n.And, n.Or)):
+            return self.either({self.expr(node.left), self.expr(node.right)})
+        if isinstance(node, n.CondExpr):
+            self.expr(node.test)
+            return self.either({self.expr(node.expr1), None if node.expr2 is None else self.expr(node.expr2)})
+        # anything else (comparisons, arithmetic, literals, slices...) only on structure
+        for child in node.iter_child_nodes():
+            self.clean(child)
+        return None
+
+    def either(self, kinds: set) -> Optional[str]:
+        kinds.discard(None)
+        if len(kinds) > 1:
+            raise _NotOpaque
+        return kinds.pop() if kinds else None
+
+    def call(self, node) -> Optional[str]:
+        from jinja2 import nodes as n
+
+        callee = node.node
+        self.clean(*node.args[1:], *(kw.value for kw in node.kwargs), node.dyn_args, node.dyn_kwargs)
+        if isinstance(callee, n.Getattr) and callee.attr == "get" and self.expr(callee.node) == MESSAGE:
+            if node.args and isinstance(node.args[0], n.Const):
+                return self.field(MESSAGE, node.args[0].value, False)
+            raise _NotOpaque
+        self.clean(callee, *node.args[:1])
+        return None
+
+    def filter(self, node) -> Optional[str]:
+        from jinja2 import nodes as n
+
+        kind = None if node.node is None else self.expr(node.node)
+        self.clean(*node.args, *(kw.value for kw in node.kwargs), node.dyn_args, node.dyn_kwargs)
+        plain = not node.args and not node.kwargs and node.dyn_args is None and node.dyn_kwargs is None
+        if kind is None:
+            return None
+        if kind == TEXT and node.name in ("trim", "string") and plain:
+            return TEXT
+        if kind in (LIST, MESSAGE) and node.name in ("length", "count"):
+            return None
+        if kind == LIST and node.name in ("first", "last") and plain:
+            return MESSAGE
+        if kind == LIST and node.name == "list" and plain:
+            return LIST
+        if (kind == LIST and node.name in ("selectattr", "rejectattr") and node.args
+                and isinstance(node.args[0], n.Const) and node.args[0].value != "content"):
+            return LIST
+        raise _NotOpaque
+
+
+# ---- skeletons ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Skeleton:
+    """A training render with placeholders: ``literals[j]`` then ``refs[j]`` (message index,
+    trimmed) for each j, then the last literal. ``points``: positions of interest as (literal
+    index, offset in it): the generation span ends, then each trained turn's prompt end and
+    render end."""
+
+    literals: tuple[str, ...]
+    refs: tuple[tuple[int, bool], ...]
+    generation: Optional[tuple[tuple[tuple[int, int], tuple[int, int]], ...]]
+    turns: tuple[tuple[tuple[int, int], tuple[int, int]], ...]
+
+
+class Splicer:
+    """Renders chat rows of one encoder by splicing; ``splice`` gives (text, generation spans,
+    turn spans) exactly as the row-by-row renders would, or None (then render the row)."""
+
+    def __init__(self, char_budget: int) -> None:
+        self.char_budget = char_budget
+        self.skeletons: dict = {}
+
+    def splice(self, chat, render: Callable, render_marked: Optional[Callable]
+               ) -> Optional[tuple[str, Optional[list], list]]:
+        """``render(messages, add_generation_prompt, tools)``: the text; ``render_marked(messages,
+        tools)``: the text and its {% generation %} spans (None spans: unknown), or None when the
+        generation spans are not wanted."""
+        key = structure(chat)
+        if key is None:
+            return None
+        try:
+            skeleton = self.skeletons[key]
+        except KeyError:
+            if len(self.skeletons) >= MAX_STRUCTURES:
+                self.skeletons.clear()
+            skeleton = self.skeletons[key] = _skeleton(chat, render, render_marked)
+        if skeleton is None:
+            return None
+        contents = [m["content"] for m in chat.messages]
+        if max(map(len, contents), default=0) > self.char_budget:
+            return None  # the row-by-row path clips such contents
+        pieces = [contents[i].strip() if trimmed else contents[i] for i, trimmed in skeleton.refs]
+        literals = skeleton.literals
+        text = "".join(itertools.chain.from_iterable(zip(literals, pieces))) + literals[-1]
+        if len(text) > self.char_budget:
+            return None
+        # where each literal starts in the row's text
+        starts = list(itertools.accumulate(itertools.chain.from_iterable(zip(map(len, literals), map(len, pieces))),
+                                           initial=0))[::2]
+
+        def at(point):
+            return starts[point[0]] + point[1]
+
+        generation = None if skeleton.generation is None else [(at(a), at(b)) for a, b in skeleton.generation]
+        return text, generation, [(at(a), at(b)) for a, b in skeleton.turns]
+
+def _skeleton(chat, render: Callable, render_marked: Optional[Callable]) -> Optional[Skeleton]:
+    """The structure's renders with placeholder contents, or None where splicing cannot be
+    trusted for it (a render fails, a turn render is not a prefix of the training render)."""
+    messages = [dict(m, content=f"{PAD}{OPEN}{i}{CLOSE}{PAD}" if m["content"] else "")
+                for i, m in enumerate(chat.messages)]
+    tools = chat.tools
+    try:
+        if render_marked is not None:
+            text, spans = render_marked(messages, tools)
+            if spans is None:
+                return None
+        else:
+            text, spans = render(messages, False, tools), None
+        turns = []
+        for i in chat.trained:
+            prompt = render(messages[:i], True, tools)
+            upto = text if i == len(messages) - 1 else render(messages[: i + 1], tools=tools)
+            if not (text.startswith(prompt) and text.startswith(upto)):
+                return None  # the row-by-row path names the problem
+            turns.append((len(prompt), len(upto)))
+    except Exception:  # the row-by-row path reports the template's error
+        return None
+    literals, refs, starts, at = [], [], [], 0
+    for match in _PIECE.finditer(text):
+        literals.append(text[at:match.start()])
+        starts.append(at)
+        refs.append((int(match.group(1) or match.group(2)), match.group(1) is None))
+        at = match.end()
+    literals.append(text[at:])
+    starts.append(at)
+    if any(mark in literal for literal in literals for mark in MARKS):
+        return None  # a placeholder the template cut or changed
+    points = [p for span in (spans or ()) for p in span] + [p for turn in turns for p in turn]
+    located = [_locate(starts, literals, p) for p in points]
+    if any(p is None for p in located):
+        return None
+    marked = len(spans or ()) * 2
+    return Skeleton(tuple(literals), tuple(refs), None if spans is None else _pairs(located[:marked]),
+                    _pairs(located[marked:]))
+
+
+def _pairs(seq: list) -> tuple:
+    return tuple(zip(seq[::2], seq[1::2]))
+
+
+def _locate(starts: list[int], literals: list[str], position: int) -> Optional[tuple[int, int]]:
+    """(literal index, offset) of a position of the skeleton's text; None inside a placeholder."""
+    for j, (start, literal) in enumerate(zip(starts, literals)):
+        if start <= position <= start + len(literal):
+            return j, position - start
+    return None
+
+
+def structure(chat) -> Optional[tuple]:
+    """What a render depends on besides the contents (None: the row cannot be spliced): each
+    message's other fields, whether its content is empty, which turns train, the tools."""
+    parts = []
+    for m in chat.messages:
+        content = m.get("content")
+        if not isinstance(content, str) or (content and not content.strip()):
+            return None
+        if OPEN in content or CLOSE in content or PAD in content:
+            return None
+        fields = tuple((k, v) for k, v in m.items() if k != "content")
+        if not all(isinstance(v, str) for _, v in fields):
+            fields = _dumped(fields)
+            if fields is None:
+                return None
+        elif any(mark in v for _, v in fields for mark in MARKS):
+            return None
+        parts.append((fields, bool(content)))
+    tools = _dumped(chat.tools) if chat.tools else ""
+    if tools is None:
+        return None
+    return tuple(parts), chat.trained, tools
+
+
+def _dumped(value) -> Optional[str]:
+    """JSON of ``value`` (order kept: equal strings render the same), None when it has none or
+    holds a placeholder character."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return None
+    return None if any(mark in text for mark in MARKS) else text
