@@ -78,13 +78,21 @@ class Gate:
                 data = data.decode("utf-8")
             except UnicodeDecodeError:
                 pass
-        try:
-            return write_private(path, self.text(data) if isinstance(data, str) else data)
-        except OSError as exc:
-            raise Fail(f"cannot write {path}: {exc.strerror or exc}; {os_error_advice(exc)}") from None
+        return self._store(path, self.text(data) if isinstance(data, str) else data)
 
     def write_json(self, path: Path, payload: Any) -> Path:
-        return self.write(path, json.dumps(json_safe(self.value(payload)), indent=2, sort_keys=True) + "\n")
+        """``payload`` as JSON, every string in it gated (``value``) before it is encoded. The
+        encoded text is not gated again as a whole: a pattern scan over it would read the digits
+        of a number (a float's 11 decimals as a national id) as a finding and write a marker into
+        the middle of the number, leaving a file no JSON reader accepts."""
+        return self._store(path, json.dumps(json_safe(self.value(payload)), indent=2, sort_keys=True) + "\n")
+
+    @staticmethod
+    def _store(path: Path, data: str | bytes) -> Path:
+        try:
+            return write_private(path, data)
+        except OSError as exc:
+            raise Fail(f"cannot write {path}: {exc.strerror or exc}; {os_error_advice(exc)}") from None
 
     def guard_report(self, report) -> None:
         """A pytest test report's properties, captured output and text failure, gated in place

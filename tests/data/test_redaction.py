@@ -61,6 +61,20 @@ def test_gate_refuses_learned_values_in_every_form_and_writer(tmp_path):
     assert gate.value((1, 2.5, None)) == (1, 2.5, None)
 
 
+def test_numbers_in_a_json_artifact_are_not_read_as_findings(tmp_path):
+    """A float's decimals can match a pattern (11 digits: a national id); gating the encoded
+    JSON as text wrote a marker into the number and left series.json unreadable."""
+    from pytest_ftready.data.redaction import finding_values
+
+    series = {"sustained.throughput": [10363.920376114858, 10216.36509855024, 19610.31280239611]}
+    assert finding_values(json.dumps(series, indent=2))  # the digits alone look like a finding
+    gate = Gate()
+    written = gate.write_json(tmp_path / "series.json", {**series, "note": f"key {AWS}"})
+    payload = json.loads(written.read_text())
+    assert payload["sustained.throughput"] == series["sustained.throughput"]
+    assert AWS_KEY not in written.read_text()  # strings are still gated
+
+
 def test_masking_example_of_a_truncated_row_shows_no_fragment(make_state, tiny_example):
     from pytest_ftready.data.encoding import render_example
     from pytest_ftready.tiny import write_jsonl
