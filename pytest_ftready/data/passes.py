@@ -15,7 +15,7 @@ import types
 from collections import deque
 from contextlib import contextmanager
 from functools import partial
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 from .meter import Meter
 from .digest import DataDigest, Encode, Plan, digest_chunk
@@ -74,6 +74,25 @@ def run_pass(files: Sequence, plan: Plan, *, encode: Encode = None, encoder=None
 
 def _in_workers(files, plan: Plan, encoder, encoding: bool, workers: int, meter: Meter, digest: DataDigest,
                 chunk_bytes: int) -> DataDigest:
+    def done(result: DataDigest, size: int) -> None:
+        digest.merge(result)
+        meter.update(size, digest.total)
+
+    # a generator: each chunk's plan is narrowed by the digests merged before it is sent
+    tasks = ((_digest_in_worker, (chunk, plan.narrowed(digest), encoding), chunk.size)
+             for chunk in chunks(files, chunk_bytes))
+    in_order(tasks, workers, done, "reading the training data", encoder,
+             remedy="run with --ftready-workers=1 to read in one process")
+    return digest
+
+
+def in_order(tasks: Iterable[tuple[Callable, tuple, int]], workers: int, done: Callable[[object, int], None],
+             doing: str, encoder=None, remedy: str = "run with --ftready-workers=1 to work in one process") -> None:
+    """Run each (function, args, size) of ``tasks`` in ``workers`` spawned processes, at most
+    IN_FLIGHT per worker queued, and hand each result with its size to ``done`` in the order
+    of ``tasks``. ``function`` must be importable by a worker; ``encoder`` reaches the workers
+    once, at their start. A dying worker is a ``PassFailed`` naming what it was ``doing`` and
+    the ``remedy``."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
@@ -82,28 +101,26 @@ def _in_workers(files, plan: Plan, encoder, encoding: bool, workers: int, meter:
                                initializer=_start_worker, initargs=(encoder,))
     pending: deque = deque()
 
-    def merge_first() -> None:
-        future, size = pending.popleft()
+    def first_done() -> None:
+        future, size, started = pending.popleft()
         result = future.result()
-        if isinstance(result, DataDigest):  # not a start-up task's pid
-            digest.merge(result)
-            meter.update(size, digest.total)
+        if not started:  # not a start-up task's pid
+            done(result, size)
 
     try:
         with _bare_main():  # the workers start now, each on its first task
-            pending.extend((pool.submit(os.getpid), 0) for _ in range(workers))
-        for chunk in chunks(files, chunk_bytes):
-            pending.append((pool.submit(_digest_in_worker, chunk, plan.narrowed(digest), encoding), chunk.size))
+            pending.extend((pool.submit(os.getpid), 0, True) for _ in range(workers))
+        for function, args, size in tasks:
+            pending.append((pool.submit(function, *args), size, False))
             while len(pending) >= IN_FLIGHT * workers:
-                merge_first()
+                first_done()
         while pending:
-            merge_first()
+            first_done()
     except BrokenProcessPool:
-        raise PassFailed(f"a worker process reading the training data died (killed, or out of memory) with "
-                         f"{workers} workers: run with --ftready-workers=1 to read in one process") from None
+        raise PassFailed(f"a worker process {doing} died (killed, or out of memory) with "
+                         f"{workers} workers: {remedy}") from None
     finally:
         _stop(pool)
-    return digest
 
 
 @contextmanager

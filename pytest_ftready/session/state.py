@@ -426,7 +426,8 @@ class RecipeState:
 
         return scan_paths([*self.recipe.data.train, *self.recipe.privacy.scan_paths],
                           frozenset(self.recipe.privacy.scan), self.recipe.privacy.allowlist,
-                          learn=self.run.gate.learn_one, progress=self.progress)
+                          learn=self.run.gate.learn_one, progress=self.progress,
+                          workers=self.run.data_workers)
 
     def computed(self, name: str) -> Any:
         """A fact some check already computed, else None (e.g. the sustained rate, if measured)."""
