@@ -16,6 +16,7 @@ from pytest_ftready.data import audit
 from pytest_ftready.data.audit import scan_files, scan_parts
 from pytest_ftready.data.passes import PassFailed
 from tests import planted
+from tests.helpers import fails
 from tests.benchmarks.corpus import write_corpus
 
 ALL = frozenset({"secrets", "pii"})
@@ -113,6 +114,20 @@ def test_a_worker_that_dies_is_one_clear_failure(files, monkeypatch):
     with pytest.raises(PassFailed, match=r"worker process scanning the files for secrets and personal data died "
                                          r".* run with --ftready-workers=1"):
         scan_files(files[:1], ALL, workers=2, part_bytes=PART)
+
+
+def test_a_dying_scan_worker_fails_the_privacy_checks_in_one_line(make_state, run_check, monkeypatch):
+    real = scan_parts
+
+    def parts(paths, part_bytes=None):  # the tiny example's data in small parts, the second one deadly
+        for part in real(paths, 512):
+            yield audit.ScanPart(DyingPath(part.path), part.start, part.end) if part.start > 0 else part
+
+    monkeypatch.setattr(audit, "scan_parts", parts)
+    state = make_state()
+    state.run.data_workers = 2
+    fails(run_check, state, "privacy.secrets", "a worker process scanning the files for secrets and personal data died",
+          "run with --ftready-workers=1")
 
 
 def test_one_part_or_one_worker_scans_in_this_process(files, monkeypatch):
