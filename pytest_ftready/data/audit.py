@@ -200,8 +200,8 @@ def scan_files(paths: Iterable[Path], categories: frozenset[str], learn: Optiona
                progress: Optional[Callable[[str], None]] = None, workers: Optional[int] = None,
                part_bytes: Optional[int] = None) -> tuple[list[Located], int, float]:
     """(findings, bytes scanned, seconds); ``progress`` gets a line now and then on a long scan.
-    ``workers``: processes to scan in (--ftready-workers; default: one per CPU once the files
-    are large enough for workers to pay off, as the data pass). The findings, their order and
+    ``workers``: processes to scan in (--ftready-workers; default: one per CPU from
+    PARALLEL_MIN_BYTES["scan"] of files, where workers pay off). The findings, their order and
     the values told to ``learn`` are the same for 1 or N workers. ``part_bytes``: a worker's
     share of a text file (PART_BYTES; smaller in tests)."""
     from .meter import Meter
@@ -211,7 +211,7 @@ def scan_files(paths: Iterable[Path], categories: frozenset[str], learn: Optiona
     files = [Path(p) for p in paths if Path(p).is_file()]
     scanned = sum(path.stat().st_size for path in files)
     meter = Meter("privacy scan:", scanned, progress)
-    count = workers_for(workers, files, encoding=False)
+    count = workers_for(workers, files, encoding=False, work="scan")
     parts = list(scan_parts(files, part_bytes)) if count > 1 else []
     if len(parts) > 1:
         found = _scan_in_workers(parts, categories, learn, min(count, len(parts)), meter)

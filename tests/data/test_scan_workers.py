@@ -151,3 +151,22 @@ def test_line_ends_are_counted_as_text_mode_counts_them_whatever_the_reads(tmp_p
             pass
     with open(path, encoding="utf-8") as handle:
         assert piece.lines == len(handle.readlines()) == 7
+
+
+def test_workers_start_by_themselves_only_for_large_files(tmp_path):
+    """Two scan workers take ~0.7 s to start: by themselves they start from 512 MiB, not from
+    the 256 MiB of a read-only data pass."""
+    from pytest_ftready.data.passes import PARALLEL_MIN_BYTES, PER_WORKER_BYTES, cpu_count, workers_for
+
+    def sized(name: str, size: int) -> Path:
+        path = tmp_path / name
+        with open(path, "wb") as handle:  # sparse: only the size counts
+            handle.truncate(size)
+        return path
+
+    middle = sized("middle.jsonl", 300 << 20)
+    large = sized("large.jsonl", PARALLEL_MIN_BYTES["scan"])
+    assert workers_for(None, [middle], False, work="scan") == 1
+    assert workers_for(None, [middle], False) == min(cpu_count(), (300 << 20) // PER_WORKER_BYTES)
+    assert workers_for(None, [large], False, work="scan") == min(cpu_count(), PARALLEL_MIN_BYTES["scan"] // PER_WORKER_BYTES)
+    assert workers_for(3, [middle], False, work="scan") == 3
