@@ -19,8 +19,8 @@ HELP_BASELINE = ("compare this run's measurements with a previous run's: its mea
                  "(each recipe's last full run), a pytest-benchmark JSON saved with --ftready, or a folder of them "
                  "(the newest); default: the run --benchmark-compare compares with")
 HELP_TIMEOUT = "seconds a hub request may take before a check gives up (default 10)"
-HELP_WORKERS = ("processes that read and encode the training data (default: from 16 MiB of files, one per CPU "
-                "with at least 4 MiB each; else 1)")
+HELP_WORKERS = ("processes that read and encode the training data and scan it for secrets and personal data "
+                "(default: from 16 MiB of files, 512 MiB for the scan, one per CPU with at least 4 MiB each; else 1)")
 
 ENV_RECIPE = "FTREADY_RECIPE"
 ENV_ARTIFACTS = "FTREADY_ARTIFACTS"

@@ -10,7 +10,7 @@ import re
 import stat
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
@@ -147,7 +147,7 @@ def scan_file(path: Path, categories: frozenset[str], learn: Optional[Learn] = N
     which ``Located`` never carries; ``read(n)`` of the bytes done (progress)."""
     path = Path(path)
     suffix = path.suffix.lower()
-    if suffix in (".parquet", ".csv") or (suffix == ".json" and _starts_with(path, b"[")):
+    if _whole_file(path):
         for chunk in chunks([path]):
             for item in chunk.items():
                 if isinstance(item, Row):
@@ -197,18 +197,145 @@ def is_binary(path: Path) -> bool:
 
 
 def scan_files(paths: Iterable[Path], categories: frozenset[str], learn: Optional[Learn] = None,
-               progress: Optional[Callable[[str], None]] = None) -> tuple[list[Located], int, float]:
-    """(findings, bytes scanned, seconds); ``progress`` gets a line now and then on a long scan."""
+               progress: Optional[Callable[[str], None]] = None, workers: Optional[int] = None,
+               part_bytes: Optional[int] = None) -> tuple[list[Located], int, float]:
+    """(findings, bytes scanned, seconds); ``progress`` gets a line now and then on a long scan.
+    ``workers``: processes to scan in (--ftready-workers; default: one per CPU from
+    PARALLEL_MIN_BYTES["scan"] of files, where workers pay off). The findings, their order and
+    the values told to ``learn`` are the same for 1 or N workers. ``part_bytes``: a worker's
+    share of a text file (PART_BYTES; smaller in tests)."""
     from .meter import Meter
+    from .passes import workers_for
 
     start = time.perf_counter()
     files = [Path(p) for p in paths if Path(p).is_file()]
     scanned = sum(path.stat().st_size for path in files)
     meter = Meter("privacy scan:", scanned, progress)
-    found = []
-    for path in files:
-        found.extend(scan_file(path, categories, learn, read=meter.update))
+    count = workers_for(workers, files, encoding=False, work="scan")
+    parts = list(scan_parts(files, part_bytes)) if count > 1 else []
+    if len(parts) > 1:
+        found = _scan_in_workers(parts, categories, learn, min(count, len(parts)), meter)
+    else:
+        found = [located for path in files for located in scan_file(path, categories, learn, read=meter.update)]
     return found, scanned, time.perf_counter() - start
+
+
+def _scan_in_workers(parts: list, categories: frozenset[str], learn: Optional[Learn], workers: int,
+                     meter) -> list[Located]:
+    """The parts scanned in worker processes; their findings numbered and ``learn`` told their
+    values here, in file order, as one process does."""
+    from .passes import in_order
+
+    found: list[Located] = []
+    lines_before: dict = {}  # file -> lines in its parts done so far (they arrive in file order)
+
+    def done(result: tuple, size: int) -> None:
+        file, lines, located = result
+        offset = lines_before.get(file, 0)
+        for item, value in located:
+            if learn is not None:
+                learn(value, item.finding.kind)
+            found.append(replace(item, line=item.line + offset) if offset else item)
+        lines_before[file] = offset + lines
+        meter.update(size)
+
+    in_order(((_scan_part, (part, categories), part.size) for part in parts), workers, done,
+             "scanning the files for secrets and personal data",
+             remedy=f"each holds up to {PART_BYTES >> 20} MiB of a file at a time: free some memory, or run with "
+                    f"--ftready-workers=1 to scan in one process")
+    return found
+
+
+@dataclass(frozen=True)
+class ScanPart:
+    """Bytes ``start`` to ``end`` of a file, cut just after a newline; ``end`` None: the whole
+    file, read as ``scan_file`` reads it (a table)."""
+
+    path: Path
+    start: int = 0
+    end: Optional[int] = None
+
+    @property
+    def size(self) -> int:
+        return (self.path.stat().st_size if self.end is None else self.end) - self.start
+
+
+PART_BYTES = 16 << 20  # a worker's share of a text file
+
+
+def scan_parts(files: Iterable[Path], part_bytes: Optional[int] = None) -> Iterator[ScanPart]:
+    """The files as parts for worker processes: a text file (JSONL and others) as byte ranges
+    each ending just after a newline (only the bytes around each cut are read here); a table
+    (parquet, csv, a JSON array) whole."""
+    part_bytes = part_bytes or PART_BYTES
+    for path in files:
+        if _whole_file(path):
+            yield ScanPart(path)
+            continue
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            start = 0
+            while start < size:
+                end = _line_end_from(handle, start + part_bytes, size)
+                yield ScanPart(path, start, end)
+                start = end
+
+
+def _line_end_from(handle, at: int, size: int) -> int:
+    """The offset just after the first newline at or after ``at`` (the file's size if none)."""
+    handle.seek(min(at, size))
+    while at < size:
+        block = handle.read(1 << 16)
+        found = block.find(b"\n")
+        if found >= 0:
+            return at + found + 1
+        at += len(block)
+    return size
+
+
+def _whole_file(path: Path) -> bool:
+    suffix = path.suffix.lower()
+    return suffix in (".parquet", ".csv") or (suffix == ".json" and _starts_with(path, b"["))
+
+
+def _scan_part(part: ScanPart, categories: frozenset[str]) -> tuple[str, int, list[tuple[Located, str]]]:
+    """A worker's (file, lines, [(finding, value)]) for ``part``: each finding numbered from the
+    part's first line, with its value for the main process's ``learn`` (no output carries it);
+    ``lines``: the line ends in the part as text mode counts them (a bare CR is one too)."""
+    values: list[str] = []
+
+    def keep(value: str, kind: str) -> None:
+        values.append(value)
+
+    if part.end is None:
+        return str(part.path), 0, [(located, values[-1]) for located in scan_file(part.path, categories, keep)]
+    suffix = part.path.suffix.lower()
+    with open(part.path, "rb") as handle:
+        handle.seek(part.start)
+        piece = _Range(handle, part.end - part.start)
+        # _scan_value tells ``keep`` each value just before it yields its finding
+        found = [(located, values[-1]) for number, line in candidate_lines(piece)
+                 for located in _scan_line(str(part.path), suffix, number, line, categories, keep)]
+    return str(part.path), piece.lines, found
+
+
+class _Range:
+    """``size`` bytes of a binary file from where it stands, read in place (no copy of the
+    part), counting the line ends read as text mode counts them (a bare CR is one too; a part
+    ends just after a newline, so no CRLF is split)."""
+
+    def __init__(self, handle, size: int):
+        self.handle, self.left, self.lines = handle, size, 0
+        self.cr_last = False  # the block before ended with a CR (a CRLF across two reads is one line end)
+
+    def read(self, n: int) -> bytes:
+        block = self.handle.read(min(n, self.left))
+        self.left -= len(block)
+        self.lines += block.count(b"\n") - (self.cr_last and block.startswith(b"\n"))
+        if b"\r" in block:
+            self.lines += block.count(b"\r") - block.count(b"\r\n")
+        self.cr_last = block.endswith(b"\r")
+        return block
 
 
 @dataclass(frozen=True)
@@ -224,11 +351,11 @@ class ScanResult:
 
 def scan_paths(roots: Iterable[Path], categories: frozenset[str], allowlist: Optional[str],
                learn: Optional[Callable[[str], None]] = None,
-               progress: Optional[Callable[[str], None]] = None) -> ScanResult:
+               progress: Optional[Callable[[str], None]] = None, workers: Optional[int] = None) -> ScanResult:
     """Scan every file under ``roots`` once for every category; the allowlist read alongside.
     ``learn`` receives each finding's value (the output gate), which no result carries. What
     could not be scanned (a root that does not exist, a FIFO or socket, a folder that cannot
-    be listed) is named in ``not_scanned``, never silently left out."""
+    be listed) is named in ``not_scanned``, never silently left out. ``workers``: as ``scan_files``."""
     from .scan import load_allowlist
 
     paths = walk(roots)
@@ -240,7 +367,7 @@ def scan_paths(roots: Iterable[Path], categories: frozenset[str], allowlist: Opt
             not_scanned.append(f"{path}: not a regular file or folder (a FIFO, socket or device cannot be scanned)")
     not_scanned += [f"{path}: does not exist" for path in paths.missing]
     not_scanned += [f"{folder}: could not be listed" for folder in paths.unreadable]
-    found, scanned, seconds = scan_files(files, categories, learn=learn, progress=progress)
+    found, scanned, seconds = scan_files(files, categories, learn=learn, progress=progress, workers=workers)
     return ScanResult(found, load_allowlist(allowlist), scanned, seconds, len(files),
                       sum(1 for path in files if is_binary(path)), tuple(not_scanned))
 

@@ -15,14 +15,16 @@ import types
 from collections import deque
 from contextlib import contextmanager
 from functools import partial
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 from .meter import Meter
 from .digest import DataDigest, Encode, Plan, digest_chunk
 from .rows import CHUNK_BYTES, chunks, total_bytes
 
 # below this much data one process does the pass: starting a worker costs seconds
-PARALLEL_MIN_BYTES = {"encode": 16 * 2**20, "read": 256 * 2**20}
+# (the privacy scan runs at ~250 MB/s a core and two workers take ~0.7 s to start: they pay off
+# from ~400 MB of files)
+PARALLEL_MIN_BYTES = {"encode": 16 * 2**20, "read": 256 * 2**20, "scan": 512 * 2**20}
 PER_WORKER_BYTES = 4 * CHUNK_BYTES  # a worker is worth starting for this much data
 IN_FLIGHT = 2  # chunks queued per worker
 
@@ -35,13 +37,14 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def workers_for(requested: Optional[int], files: Sequence, encoding: bool) -> int:
+def workers_for(requested: Optional[int], files: Sequence, encoding: bool, work: Optional[str] = None) -> int:
     """``requested`` (--ftready-workers) if given, else, when the files are large enough for
-    workers to pay off, one per CPU with at least PER_WORKER_BYTES of data each; else 1."""
+    workers to pay off, one per CPU with at least PER_WORKER_BYTES of data each; else 1.
+    ``work``: a key of PARALLEL_MIN_BYTES ("encode" or "read" by ``encoding`` if None)."""
     if requested:
         return requested
     size = total_bytes(files)
-    if size < PARALLEL_MIN_BYTES["encode" if encoding else "read"]:
+    if size < PARALLEL_MIN_BYTES[work or ("encode" if encoding else "read")]:
         return 1
     return max(1, min(cpu_count(), size // PER_WORKER_BYTES))
 
@@ -74,6 +77,25 @@ def run_pass(files: Sequence, plan: Plan, *, encode: Encode = None, encoder=None
 
 def _in_workers(files, plan: Plan, encoder, encoding: bool, workers: int, meter: Meter, digest: DataDigest,
                 chunk_bytes: int) -> DataDigest:
+    def done(result: DataDigest, size: int) -> None:
+        digest.merge(result)
+        meter.update(size, digest.total)
+
+    # a generator: each chunk's plan is narrowed by the digests merged before it is sent
+    tasks = ((_digest_in_worker, (chunk, plan.narrowed(digest), encoding), chunk.size)
+             for chunk in chunks(files, chunk_bytes))
+    in_order(tasks, workers, done, "reading the training data", encoder,
+             remedy="run with --ftready-workers=1 to read in one process")
+    return digest
+
+
+def in_order(tasks: Iterable[tuple[Callable, tuple, int]], workers: int, done: Callable[[object, int], None],
+             doing: str, encoder=None, remedy: str = "run with --ftready-workers=1 to work in one process") -> None:
+    """Run each (function, args, size) of ``tasks`` in ``workers`` spawned processes, at most
+    IN_FLIGHT per worker queued, and hand each result with its size to ``done`` in the order
+    of ``tasks``. ``function`` must be importable by a worker; ``encoder`` reaches the workers
+    once, at their start. A dying worker is a ``PassFailed`` naming what it was ``doing`` and
+    the ``remedy``."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
@@ -82,28 +104,26 @@ def _in_workers(files, plan: Plan, encoder, encoding: bool, workers: int, meter:
                                initializer=_start_worker, initargs=(encoder,))
     pending: deque = deque()
 
-    def merge_first() -> None:
-        future, size = pending.popleft()
+    def first_done() -> None:
+        future, size, started = pending.popleft()
         result = future.result()
-        if isinstance(result, DataDigest):  # not a start-up task's pid
-            digest.merge(result)
-            meter.update(size, digest.total)
+        if not started:  # not a start-up task's pid
+            done(result, size)
 
     try:
         with _bare_main():  # the workers start now, each on its first task
-            pending.extend((pool.submit(os.getpid), 0) for _ in range(workers))
-        for chunk in chunks(files, chunk_bytes):
-            pending.append((pool.submit(_digest_in_worker, chunk, plan.narrowed(digest), encoding), chunk.size))
+            pending.extend((pool.submit(os.getpid), 0, True) for _ in range(workers))
+        for function, args, size in tasks:
+            pending.append((pool.submit(function, *args), size, False))
             while len(pending) >= IN_FLIGHT * workers:
-                merge_first()
+                first_done()
         while pending:
-            merge_first()
+            first_done()
     except BrokenProcessPool:
-        raise PassFailed(f"a worker process reading the training data died (killed, or out of memory) with "
-                         f"{workers} workers: run with --ftready-workers=1 to read in one process") from None
+        raise PassFailed(f"a worker process {doing} died (killed, or out of memory) with "
+                         f"{workers} workers: {remedy}") from None
     finally:
         _stop(pool)
-    return digest
 
 
 @contextmanager

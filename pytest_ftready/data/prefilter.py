@@ -16,7 +16,6 @@ import functools
 import io
 import re
 import sys
-import unicodedata
 from typing import Callable, Iterator, Optional
 
 _D = "[0-9]"
@@ -51,7 +50,9 @@ LOOSE = [  # (kind, pattern over bytes, case-insensitive)
 
 def _always() -> str:
     """Bytes that make a line a candidate whatever follows: escapes, non-ASCII digits, folds."""
-    chars = [chr(c) for c in range(0x80, sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Nd"]
+    # str.isdecimal is what Python's \d tests (category Nd), at half the cost of unicodedata: each
+    # worker process of a parallel scan compiles the engine at its start
+    chars = list(filter(str.isdecimal, map(chr, range(0x80, sys.maxunicode + 1))))
     chars += ["\u017f", "\u212a", "\u0130", "\u0131"]
     literals = sorted({c.encode("utf-8") for c in chars})
     return r"\\u|" + "|".join(re.escape(b).decode("latin-1") for b in literals)

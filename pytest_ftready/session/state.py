@@ -37,7 +37,7 @@ class RunState:
     telemetry_factory: Optional[Callable[..., Any]] = None  # (device, machine) -> (sources, missing); tests: fake NVML
     progress: Optional[Callable[[str], None]] = None  # a line for the terminal while long work runs
     pipeline_hook: Optional[Callable[..., Any]] = None  # (recipe, tokenizer) -> the team's pipeline or None
-    data_workers: Optional[int] = None  # processes for the data pass (--ftready-workers); None: by CPUs and data size
+    data_workers: Optional[int] = None  # processes for the data pass and the privacy scan (--ftready-workers); None: by CPUs and data size
     recipes: dict[Path, "RecipeState"] = field(default_factory=dict)
     variants: dict[tuple, "RecipeState"] = field(default_factory=dict)  # (source, variant id) -> state
     models: dict[tuple, Any] = field(default_factory=dict)  # ([model] table, device) -> the loaded base model
@@ -423,10 +423,15 @@ class RecipeState:
     def scan(self):
         """One scan of the training data and [privacy] scan_paths for every category (data.audit.ScanResult)."""
         from ..data.audit import scan_paths
+        from ..data.passes import PassFailed
 
-        return scan_paths([*self.recipe.data.train, *self.recipe.privacy.scan_paths],
-                          frozenset(self.recipe.privacy.scan), self.recipe.privacy.allowlist,
-                          learn=self.run.gate.learn_one, progress=self.progress)
+        try:
+            return scan_paths([*self.recipe.data.train, *self.recipe.privacy.scan_paths],
+                              frozenset(self.recipe.privacy.scan), self.recipe.privacy.allowlist,
+                              learn=self.run.gate.learn_one, progress=self.progress,
+                              workers=self.run.data_workers)
+        except PassFailed as exc:  # a scan worker died: the privacy checks fail, naming the remedy
+            raise Fail(str(exc)) from None
 
     def computed(self, name: str) -> Any:
         """A fact some check already computed, else None (e.g. the sustained rate, if measured)."""

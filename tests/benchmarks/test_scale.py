@@ -58,6 +58,34 @@ def test_scan_throughput(benchmark, big_corpus):
     assert kinds >= set(info["planted"]), set(info["planted"]) - kinds
 
 
+@pytest.mark.benchmark(group="scale: privacy scan in workers")
+def test_scan_one_worker_against_two(benchmark, big_corpus):
+    """The scan in one process and in two workers, interleaved, best of 3 each (the machine's
+    other load hits both alike); the findings, their order and the learned values identical."""
+    from pytest_ftready.data.audit import scan_files
+
+    path, info = big_corpus
+    best = {1: float("inf"), 2: float("inf")}
+    results = {}
+    for _ in range(3):
+        for workers in (1, 2):
+            told: list = []
+            start = time.perf_counter()
+            found, scanned, _ = scan_files([path], ALL, learn=lambda value, kind: told.append((value, kind)),
+                                           workers=workers)
+            best[workers] = min(best[workers], time.perf_counter() - start)
+            results.setdefault(workers, (found, told))
+            assert (found, told) == results[1]
+    # the benchmark's own timing: one more two-worker run, checked as well
+    again = benchmark.pedantic(lambda: scan_files([path], ALL, workers=2), rounds=1, iterations=1)
+    assert again[0] == results[1][0]
+    benchmark.extra_info.update(rows=ROWS, bytes=scanned, cpus=cpu_count(),
+                                **{f"mb_per_s_{n}_workers": round(scanned / 1e6 / best[n], 1) for n in best},
+                                speedup=round(best[1] / best[2], 2))
+    kinds = {f.finding.kind for f in results[1][0]}
+    assert kinds >= set(info["planted"]), set(info["planted"]) - kinds
+
+
 @pytest.mark.benchmark(group="scale: manifest hash")
 def test_manifest_hash_against_sha256sum(benchmark, big_corpus):
     from pytest_ftready.data.manifest import file_entry
