@@ -97,8 +97,10 @@ def test_fast_and_fallback_encode_every_row_identically(tokenizers, name, tok_na
             assert fast.renderer.fast and not slow.renderer.fast
             rows = [Row("t.jsonl", k, data) for k, data in enumerate(ROWS)]
             rows = [row for row in rows if not row_problems(row, "auto", train_on)]
-            with monkeypatch.context() as patch:  # the slow way all along: no marked blocks taken as the flags
-                patch.setattr("pytest_ftready.data.encoding._zero_width", lambda offsets: None)
+            with monkeypatch.context() as patch:  # the slow way all along: no marked blocks taken as the flags,
+                # and no offsets taken as in order without each use checking them itself
+                patch.setattr("pytest_ftready.data.encoding._zero_width", lambda offsets, columns=None: None)
+                patch.setattr("pytest_ftready.data.encoding._in_order", lambda offsets: None)
                 expected = [(outcome(lambda: slow.encode(row)), outcome(lambda: slow.prompt_ids(row))) for row in rows]
             got = [(outcome(lambda: fast.encode(row)), outcome(lambda: fast.prompt_ids(row))) for row in rows]
             for row, one, other in zip(rows, got, expected):
@@ -120,7 +122,7 @@ def test_a_mask_the_two_transformers_ways_disagree_on_goes_through_apply_chat_te
     expected = enc.encode(row)
     calls = []
     real = type(enc.tok).apply_chat_template
-    monkeypatch.setattr("pytest_ftready.data.encoding.generation_mask", lambda encoding, spans: None)
+    monkeypatch.setattr("pytest_ftready.data.encoding.generation_mask", lambda encoding, spans, columns=None: None)
     monkeypatch.setattr(type(enc.tok), "apply_chat_template", lambda self, *a, **k: calls.append(k) or real(self, *a, **k))
     assert enc.encode(row) == expected and any(k.get("return_assistant_tokens_mask") for k in calls)
 
