@@ -17,6 +17,7 @@ that trains user tokens, or leaves the end-of-turn token out, is caught either w
 from __future__ import annotations
 
 import bisect
+import itertools
 import operator
 import re
 from dataclasses import dataclass, replace
@@ -421,15 +422,16 @@ def _trained_flags(offsets, spans) -> list[bool]:
     return flags
 
 
-def _in_order(offsets) -> Optional[tuple[tuple[int, ...], tuple[int, ...]]]:
+def _in_order(offsets) -> Optional[tuple[list[int], list[int]]]:
     """The tokens' (starts, ends) when every token has characters and starts at or after the
-    end of the one before (the usual case), else None; checked without a Python loop per token."""
-    if not offsets:
-        return (), ()
-    starts, ends = zip(*offsets)
-    if all(map(operator.lt, starts, ends)) and all(map(operator.le, ends[:-1], starts[1:])):
-        return starts, ends
-    return None
+    end of the one before (the usual case), else None; checked without a Python loop per token:
+    start, end, start, end... never go back (one sort of an already sorted list), and no start
+    equals its end."""
+    flat = list(itertools.chain.from_iterable(offsets))
+    if flat != sorted(flat):
+        return None
+    starts, ends = flat[0::2], flat[1::2]
+    return None if any(map(operator.eq, starts, ends)) else (starts, ends)
 
 
 def _zero_width(offsets, columns=None) -> Optional[list[int]]:
