@@ -17,6 +17,7 @@ that trains user tokens, or leaves the end-of-turn token out, is caught either w
 from __future__ import annotations
 
 import bisect
+import itertools
 import operator
 import re
 from dataclasses import dataclass, replace
@@ -86,6 +87,7 @@ class Encoder:
         self.max_length = data.max_length
         self.add_special = bool(data.add_special_tokens)
         self.stop_ids = stop_ids
+        self.bos_id = tokenizer.bos_token_id
         template = getattr(tokenizer, "chat_template", None) or ""
         named = list(template.values()) if isinstance(template, dict) else [template]
         if isinstance(template, dict):  # several named templates: training uses "default"
@@ -249,12 +251,14 @@ class Encoder:
         """The labels of a rendered chat row from its tokenization without (``base``) and with
         (``final``) the tokenizer's special tokens: what the row-by-row and the spliced paths share."""
         markers = self.chat_method == CHAT_METHODS[0] and self.train_on != "all"
-        blocks = self._marker_blocks(chat, base, problems, generation) if markers else None
         ids, offsets = list(final["input_ids"]), final["offset_mapping"]
+        columns = _in_order(offsets) if self.train_on != "all" else None  # one look at the offsets for every use
+        blocks = (self._marker_blocks(chat, base, problems, generation, columns if final is base else None)
+                  if markers else None)
         if self.train_on == "all":
             trained = [True] * len(ids)
         else:
-            zero = _zero_width(offsets) if blocks is not None and final is base else None
+            zero = _zero_width(offsets, columns) if blocks is not None and final is base else None
             if zero is not None:  # the blocks' own tokens, in order: the flags are the blocks
                 trained = _block_flags(len(ids), blocks, zero)
             else:
@@ -264,16 +268,16 @@ class Encoder:
                 trained = _trained_flags(offsets, spans)
             if self.chat_method == CHAT_METHODS[1]:
                 _trim_after_stop(ids, trained, self.stop_ids)
-            problems += verify_turns(chat, text, offsets, trained, self.train_on)
+            problems += verify_turns(chat, text, offsets, trained, self.train_on, columns and columns[0])
         return self._finish(row, ids, trained, problems, self.chat_method, cut)
 
-    def _marker_blocks(self, chat: Chat, base, problems, generation=None) -> list[tuple[int, int]]:
+    def _marker_blocks(self, chat: Chat, base, problems, generation=None, columns=None) -> list[tuple[int, int]]:
         """The (start, end) token runs of ``base`` in the template's {% generation %} mask, less the
         assistant turns that must not train (flagged, a prompt's, or not the last under
         last_assistant). ``generation``: the character spans of the blocks in the rendered text,
         when the render gave them; the mask is then apply_chat_template's, computed on ``base``
-        (the tokenization of that very text)."""
-        mask = None if generation is None else generation_mask(base, generation)
+        (the tokenization of that very text); ``columns``: ``_in_order`` of its offsets, when known."""
+        mask = None if generation is None else generation_mask(base, generation, columns)
         if mask is None:
             out = self.tok.apply_chat_template(list(chat.messages), tools=list(chat.tools) if chat.tools else None,
                                                tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
@@ -300,7 +304,7 @@ class Encoder:
         ``ids`` are only the start of the row; its lengths are lower bounds, and a trained span
         running into the cut is not judged for its stop token (its end was not tokenized)."""
         judged = _open_end_untrained(trained) if cut else trained
-        problems = list(problems) + sequence_problems(self.tok, ids, judged, self.stop_ids)
+        problems = list(problems) + sequence_problems(self.tok, ids, judged, self.stop_ids, self.bos_id)
         trained_full = trained.count(True)
         full_length = len(ids)
         ids = ids[: self.max_length]
@@ -418,15 +422,25 @@ def _trained_flags(offsets, spans) -> list[bool]:
     return flags
 
 
-def _zero_width(offsets) -> Optional[list[int]]:
+def _in_order(offsets) -> Optional[tuple[list[int], list[int]]]:
+    """The tokens' (starts, ends) when every token has characters and starts at or after the
+    end of the one before (the usual case), else None; checked without a Python loop per token:
+    start, end, start, end... never go back (one sort of an already sorted list), and no start
+    equals its end."""
+    flat = list(itertools.chain.from_iterable(offsets))
+    if flat != sorted(flat):
+        return None
+    starts, ends = flat[0::2], flat[1::2]
+    return None if any(map(operator.eq, starts, ends)) else (starts, ends)
+
+
+def _zero_width(offsets, columns=None) -> Optional[list[int]]:
     """The indices of the tokens without characters, or None when the other tokens overlap or
     go back. When None is not returned, a token trains exactly when it is in a marked block and
-    has characters (what ``_trained_flags`` of the block tokens' spans gives)."""
-    if not offsets:
-        return []
-    starts, ends = zip(*offsets)
-    if all(map(operator.lt, starts, ends)) and all(map(operator.le, ends[:-1], starts[1:])):
-        return []  # the usual case, checked without a Python loop per token
+    has characters (what ``_trained_flags`` of the block tokens' spans gives). ``columns``:
+    ``_in_order(offsets)``, when the caller has it."""
+    if columns is not None or _in_order(offsets) is not None:
+        return []  # the usual case
     zero, end = [], -1
     for k, (a, b) in enumerate(offsets):
         if b <= a:

@@ -86,15 +86,16 @@ class Renderer:
         return self._slow(messages, tools, False), None
 
 
-def generation_mask(encoding, spans: Sequence[tuple[int, int]]) -> Optional[list[bool]]:
+def generation_mask(encoding, spans: Sequence[tuple[int, int]], columns=None) -> Optional[list[bool]]:
     """The assistant mask apply_chat_template gives for ``spans`` over ``encoding`` (one
     tokenization of the rendered text, with offsets), or None where the two ways transformers
     has computed it disagree (then the caller asks apply_chat_template itself).
 
     transformers 5 marks every token that overlaps a span; transformers 4 marked the tokens
-    from ``char_to_token(start)`` to ``char_to_token(end - 1)``. Both are computed here."""
+    from ``char_to_token(start)`` to ``char_to_token(end - 1)``. Both are computed here.
+    ``columns``: the tokens' (starts, ends), when the caller knows both never go back."""
     offsets = encoding["offset_mapping"]
-    overlap = _overlap_mask(offsets, spans)
+    overlap = _overlap_mask(offsets, spans, columns)
     n = len(offsets)
     old = [False] * n
     for start_char, end_char in spans:
@@ -107,14 +108,15 @@ def generation_mask(encoding, spans: Sequence[tuple[int, int]]) -> Optional[list
     return overlap if overlap == old else None
 
 
-def _overlap_mask(offsets, spans: Sequence[tuple[int, int]]) -> list[bool]:
+def _overlap_mask(offsets, spans: Sequence[tuple[int, int]], columns=None) -> list[bool]:
     """transformers 5's loop: a pointer over the spans, each token marked when it overlaps the
     first span not yet passed. Where the token starts and ends never go back (the usual case)
-    the tokens each span decides are found by bisection, without a Python loop per token."""
+    the tokens each span decides are found by bisection, without a Python loop per token.
+    ``columns``: the tokens' (starts, ends), when the caller knows neither goes back."""
     n, count = len(offsets), len(spans)
     if n and count:
-        starts, ends = zip(*offsets)
-        if all(map(operator.le, starts[:-1], starts[1:])) and all(map(operator.le, ends[:-1], ends[1:])):
+        starts, ends = columns or zip(*offsets)
+        if columns or (all(map(operator.le, starts[:-1], starts[1:])) and all(map(operator.le, ends[:-1], ends[1:]))):
             # the pointer stops at the first span whose end is past the token's start, i.e. the first
             # span whose running maximum end is past it: span k decides tokens starting in [reach[k-1], reach[k])
             reach = list(itertools.accumulate((hi for _, hi in spans), max))

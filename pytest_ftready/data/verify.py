@@ -16,13 +16,22 @@ from typing import Optional, Sequence
 IGNORE_INDEX = -100
 
 
-def verify_turns(chat, text: str, offsets, trained: list[bool], train_on: str) -> list[tuple[str, str]]:
+def verify_turns(chat, text: str, offsets, trained: list[bool], train_on: str,
+                 starts: Optional[Sequence[int]] = None) -> list[tuple[str, str]]:
     """Independent of how the spans were found: locate each message's content in the render and
-    compare what is trained with what the row asks for (its responses, its training flags)."""
-    starts, ends = (list(column) for column in zip(*offsets)) if len(offsets) else ([], [])
-    if not all(map(operator.lt, starts, ends)):  # tokens without characters are found nowhere
-        starts = [a if b > a else -1 for a, b in offsets]
-    if all(map(operator.le, starts[:-1], starts[1:])):  # the usual case: the tokens in order already
+    compare what is trained with what the row asks for (its responses, its training flags).
+    ``starts``: the tokens' start characters, when the caller knows that every token has
+    characters and that they never go back (then they are not checked again)."""
+    if starts is None:
+        starts, ends = (list(column) for column in zip(*offsets)) if len(offsets) else ([], [])
+        if not all(map(operator.lt, starts, ends)):  # tokens without characters are found nowhere
+            starts = [a if b > a else -1 for a, b in offsets]
+        ordered = all(map(operator.le, starts[:-1], starts[1:]))  # the usual case: the tokens in order already
+    elif len(starts) != len(offsets):
+        raise ValueError(f"verify_turns: {len(starts)} starts for {len(offsets)} tokens")
+    else:
+        ordered = True
+    if ordered:
         order, sorted_starts = None, starts
     else:
         order = sorted(range(len(starts)), key=starts.__getitem__)
@@ -71,11 +80,14 @@ def runs(flags: Sequence[bool]) -> list[tuple[int, int]]:
         out.append((start, at))
 
 
-def sequence_problems(tokenizer, ids: Sequence[int], trained: Sequence[bool],
-                      stop_ids: frozenset[int]) -> list[tuple[str, str]]:
-    """BOS written twice; trained spans that end without a stop token."""
+def sequence_problems(tokenizer, ids: Sequence[int], trained: Sequence[bool], stop_ids: frozenset[int],
+                      bos: object = ...) -> list[tuple[str, str]]:
+    """BOS written twice; trained spans that end without a stop token. ``bos``: the tokenizer's
+    ``bos_token_id`` when the caller has it already (reading it from the tokenizer costs more
+    than the check, row after row)."""
     problems = []
-    bos = tokenizer.bos_token_id
+    if bos is ...:
+        bos = tokenizer.bos_token_id
     if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
         problems.append(("bos_doubled", "the sequence starts with BOS twice (the template writes BOS and the "
                          "tokenizer adds another)"))

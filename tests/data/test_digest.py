@@ -291,3 +291,14 @@ def test_the_worker_count_follows_the_cpus_and_the_size_of_the_data(tmp_path, mo
     assert workers_for(None, [data], True) == 2
     data.write_text('{"text": "a"}\n')
     assert workers_for(None, [data], True) == 1
+
+
+def test_a_rows_place_names_its_own_file_however_many_files_came_before():
+    from pathlib import Path
+
+    from pytest_ftready.data.rows import Row, RowProblem
+
+    files = ["/data/a/train.jsonl", "rel/dir/other.csv", "plain.jsonl", "/data/b/train.jsonl"] * 2
+    for line, file in enumerate(files, 1):
+        assert Row(file, line, {}).where == f"{Path(file).name}:{line}"
+        assert RowProblem(file, line, "k", "d").where == f"{Path(file).name}:{line}"

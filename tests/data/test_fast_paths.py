@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_ftready.data import rendering
-from pytest_ftready.data.encoding import Encoder, _block_flags, _trained_flags, _zero_width
+from pytest_ftready.data.encoding import Encoder, _block_flags, _in_order, _trained_flags, _zero_width
 from pytest_ftready.data.layouts import row_problems
 from pytest_ftready.data.rendering import Renderer, _overlap_mask, generation_mask
 from pytest_ftready.data.rows import Row
-from pytest_ftready.data.verify import runs
+from pytest_ftready.data.verify import runs, verify_turns
 from pytest_ftready.tiny import CHATML
 from tests.data.test_encoding import (CHAT, CHATML_EMPTY_MARKERS, CHATML_EOS_OUTSIDE, CHATML_NO_MARKERS, GEMMA,
                                       GEMMA_WRONG_PROMPT, LLAMA3, LLAMA3_TRAINS_USER, MISTRAL, THINK_TURNS,
@@ -97,8 +97,10 @@ def test_fast_and_fallback_encode_every_row_identically(tokenizers, name, tok_na
             assert fast.renderer.fast and not slow.renderer.fast
             rows = [Row("t.jsonl", k, data) for k, data in enumerate(ROWS)]
             rows = [row for row in rows if not row_problems(row, "auto", train_on)]
-            with monkeypatch.context() as patch:  # the slow way all along: no marked blocks taken as the flags
-                patch.setattr("pytest_ftready.data.encoding._zero_width", lambda offsets: None)
+            with monkeypatch.context() as patch:  # the slow way all along: no marked blocks taken as the flags,
+                # and no offsets taken as in order without each use checking them itself
+                patch.setattr("pytest_ftready.data.encoding._zero_width", lambda offsets, columns=None: None)
+                patch.setattr("pytest_ftready.data.encoding._in_order", lambda offsets: None)
                 expected = [(outcome(lambda: slow.encode(row)), outcome(lambda: slow.prompt_ids(row))) for row in rows]
             got = [(outcome(lambda: fast.encode(row)), outcome(lambda: fast.prompt_ids(row))) for row in rows]
             for row, one, other in zip(rows, got, expected):
@@ -120,7 +122,7 @@ def test_a_mask_the_two_transformers_ways_disagree_on_goes_through_apply_chat_te
     expected = enc.encode(row)
     calls = []
     real = type(enc.tok).apply_chat_template
-    monkeypatch.setattr("pytest_ftready.data.encoding.generation_mask", lambda encoding, spans: None)
+    monkeypatch.setattr("pytest_ftready.data.encoding.generation_mask", lambda encoding, spans, columns=None: None)
     monkeypatch.setattr(type(enc.tok), "apply_chat_template", lambda self, *a, **k: calls.append(k) or real(self, *a, **k))
     assert enc.encode(row) == expected and any(k.get("return_assistant_tokens_mask") for k in calls)
 
@@ -208,6 +210,30 @@ def test_block_flags_are_the_flags_of_the_block_tokens(offsets, marked):
         spans = [o for i, j in blocks for o in offsets[i:j] if o[1] > o[0]]
         assert _block_flags(len(offsets), blocks, zero) == _trained_flags(offsets, spans)
         assert zero == [k for k, (a, b) in enumerate(offsets) if b <= a]
+
+
+@settings(max_examples=400, deadline=None, database=None)
+@given(offsets_st, st.lists(span, max_size=6))
+def test_offsets_in_order_are_found_as_defined_and_change_nothing_where_passed(offsets, spans):
+    """``_in_order``: every token has characters and none starts before the previous one ends;
+    the masks and the verification given its columns judge as they do checking the offsets themselves."""
+    defined = (all(a < b for a, b in offsets)
+               and all(offsets[k][1] <= offsets[k + 1][0] for k in range(len(offsets) - 1)))
+    columns = _in_order(offsets)
+    assert (columns is not None) == defined
+    if columns is None:
+        return
+    assert columns == ([a for a, _ in offsets], [b for _, b in offsets])
+    assert _overlap_mask(offsets, sorted(spans), columns) == _overlap_mask(offsets, sorted(spans))
+    assert _zero_width(offsets, columns) == _zero_width(offsets) == []
+    text = "".join(chr(97 + k % 26) for k in range(max((b for _, b in offsets), default=0)))
+    chat = SimpleNamespace(messages=[{"role": "user", "content": text[a:b]} for a, b in spans if b > a]
+                           + [{"role": "assistant", "content": text[-3:]}])
+    last = len(chat.messages) - 1  # the assistant turn trains, the user turns do not
+    chat.trained, chat.labels, chat.marks = [last], [f"#{k}" for k in range(last + 1)], [""] * (last + 1)
+    for trained in ([True] * len(offsets), [k % 3 == 0 for k in range(len(offsets))]):
+        assert (verify_turns(chat, text, offsets, trained, "assistant", columns[0])
+                == verify_turns(chat, text, offsets, trained, "assistant"))
 
 
 def _defined_runs(flags):
