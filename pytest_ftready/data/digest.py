@@ -113,8 +113,11 @@ class DataDigest:
         self.trained_tokens += trained
         self.fingerprint = (self.fingerprint + row_fingerprint(e)) % FINGERPRINT_MOD
         self.unrendered += any(kind == "render_error" for kind, _ in e.problems)
+        details: dict[str, list[str]] = {}  # a kind counts once per row ("in N row(s)"), its details joined
         for kind, detail in e.problems:
-            self.problems.setdefault(kind, Places()).add(e.row.where, detail)
+            details.setdefault(kind, []).append(detail)
+        for kind, said in details.items():
+            self.problems.setdefault(kind, Places()).add(e.row.where, "; ".join(said))
             self.first_with.setdefault(kind, (index, e))
         if len(self.head) < plan.sample:
             self.head.append(e)

@@ -302,3 +302,23 @@ def test_a_rows_place_names_its_own_file_however_many_files_came_before():
     for line, file in enumerate(files, 1):
         assert Row(file, line, {}).where == f"{Path(file).name}:{line}"
         assert RowProblem(file, line, "k", "d").where == f"{Path(file).name}:{line}"
+
+
+def test_a_kind_counts_once_per_row_with_every_detail_of_that_row():
+    """A row whose two turns are trained wrongly is one row in "wrong_role_trained in N row(s)",
+    listed once, its two details kept (the list used to repeat the row once per turn)."""
+    from pytest_ftready.data.digest import DataDigest
+    from pytest_ftready.data.encoding import Encoded
+
+    def row(line: int):
+        return SimpleNamespace(where=f"train.jsonl:{line}", data={})
+
+    digest = DataDigest(PLAN)
+    two = (("wrong_role_trained", "3 tokens of user turn 1"), ("wrong_role_trained", "2 tokens of user turn 3"),
+           ("stop_untrained", "turn 2 ends untrained"))
+    digest.add_encoded(Encoded(row(1), (1, 2), (1, 2), "test", 2, 2, two))
+    digest.add_encoded(Encoded(row(2), (1, 2), (1, 2), "test", 2, 2, two[:1]))
+    places = digest.problems["wrong_role_trained"]
+    assert places.count == 2 and [where for where, _ in places.first] == ["train.jsonl:1", "train.jsonl:2"]
+    assert places.first[0][1] == "3 tokens of user turn 1; 2 tokens of user turn 3"
+    assert digest.problems["stop_untrained"].count == 1
