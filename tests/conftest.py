@@ -91,6 +91,26 @@ def resume_failure_without(state, run_check, part: str) -> str:
     return str(info.value)
 
 
+def assert_own_overfit(state, run_check, step_trainer: str) -> None:
+    """A trainer's own overfit reaches the threshold, the engine's run of the same examples beside
+    it, and the trainer's adapter (saved apart from the engine's) reloads and generates the same."""
+    got = values(run_check(state, "model.overfit"))
+    assert got["step_trainer"] == step_trainer
+    assert got["overfit_final_loss"] <= 0.1 < got["overfit_first_loss"]
+    assert got["engine_overfit_final_loss"] <= 0.1  # the engine's run of the same examples, side by side
+    run_check(state, "lifecycle.generate")
+
+
+def assert_own_resume_exact(state, run_check) -> None:
+    """A trainer's own resume in a fresh process gives the straight run's losses, from the
+    trainer's own checkpoint (its scheduler.pt)."""
+    got = values(run_check(state, "lifecycle.resume"))
+    run = state.resume_run
+    assert run.difference == "" and got["resume_max_loss_difference"] == 0.0
+    assert run.resumed_losses == run.straight_losses[run.steps // 2:]
+    assert (state.saved_run.checkpoint / "scheduler.pt").exists()
+
+
 @pytest.fixture
 def edit_recipe():
     """``edit_recipe(path, key='value', ...)``: replace whole ``key = ...`` lines of a recipe."""

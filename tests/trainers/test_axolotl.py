@@ -13,7 +13,8 @@ import pytest
 
 from pytest_ftready.outcomes import Fail, Skip
 
-from ..conftest import copy_example, resume_failure_without, state_for, values
+from ..conftest import (assert_own_overfit, assert_own_resume_exact, copy_example, resume_failure_without,
+                        state_for, values)
 
 pytest.importorskip("axolotl", reason="Axolotl's own pipeline needs axolotl, installed in an environment of its own "
                                       "(.ci/run builds one)")
@@ -79,19 +80,11 @@ def test_axolotls_patches_of_the_model_class_are_undone_after_its_run(axolotl_ru
 
 
 def test_axolotls_overfit_reaches_the_threshold_and_reports_the_engines_beside_it(axolotl_run, run_check):
-    got = values(run_check(axolotl_run, "model.overfit"))
-    assert got["step_trainer"] == "axolotl AxolotlTrainer"
-    assert got["overfit_final_loss"] <= 0.1 < got["overfit_first_loss"]
-    assert got["engine_overfit_final_loss"] <= 0.1  # the engine's run of the same examples, side by side
-    run_check(axolotl_run, "lifecycle.generate")  # Axolotl's trained adapter reloads and generates the same
+    assert_own_overfit(axolotl_run, run_check, "axolotl AxolotlTrainer")
 
 
 def test_axolotls_own_resume_in_a_fresh_process_gives_the_same_losses(axolotl_run, run_check):
-    got = values(run_check(axolotl_run, "lifecycle.resume"))
-    run = axolotl_run.resume_run
-    assert run.difference == "" and got["resume_max_loss_difference"] == 0.0
-    assert run.resumed_losses == run.straight_losses[run.steps // 2:]
-    assert (axolotl_run.saved_run.checkpoint / "scheduler.pt").exists()  # Axolotl's own checkpoint
+    assert_own_resume_exact(axolotl_run, run_check)  # from its own checkpoint
 
 
 def test_a_resume_losing_the_scheduler_state_fails_naming_it(tmp_path, tiny_model_dir, real_machine, run_check):

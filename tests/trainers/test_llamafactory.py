@@ -13,7 +13,8 @@ import pytest
 
 from pytest_ftready.outcomes import Fail, Skip
 
-from ..conftest import copy_example, resume_failure_without, state_for, values
+from ..conftest import (assert_own_overfit, assert_own_resume_exact, copy_example, resume_failure_without,
+                        state_for, values)
 
 pytest.importorskip("llamafactory", reason="LLaMA-Factory's own run needs llamafactory, installed in an environment "
                                            "of its own (.ci/run builds one)")
@@ -59,19 +60,11 @@ def test_a_llamafactory_config_runs_the_step_in_its_trainer_beside_the_engines(l
 
 
 def test_llamafactorys_overfit_reaches_the_threshold_beside_the_engines(lf_state, run_check):
-    got = values(run_check(lf_state, "model.overfit"))
-    assert got["step_trainer"] == "llamafactory CustomSeq2SeqTrainer"
-    assert got["overfit_final_loss"] <= 0.1 < got["overfit_first_loss"]
-    assert got["engine_overfit_final_loss"] <= 0.1  # the engine's run of the same examples, side by side
-    run_check(lf_state, "lifecycle.generate")  # its trained adapter, saved apart from the engine's, reloads the same
+    assert_own_overfit(lf_state, run_check, "llamafactory CustomSeq2SeqTrainer")
 
 
 def test_llamafactorys_own_resume_in_a_fresh_process_gives_the_same_losses(lf_state, run_check):
-    got = values(run_check(lf_state, "lifecycle.resume"))
-    run = lf_state.resume_run
-    assert run.difference == "" and got["resume_max_loss_difference"] == 0.0
-    assert run.resumed_losses == run.straight_losses[run.steps // 2:]
-    assert (lf_state.saved_run.checkpoint / "scheduler.pt").exists()  # LLaMA-Factory's own checkpoint
+    assert_own_resume_exact(lf_state, run_check)  # from its own checkpoint
     assert lf_state.saved_run.folder.is_relative_to(lf_state.scratch)
     assert all(log.tokens for log in lf_state.saved_run.logs)  # tokens per step logged: a data order can be named
 

@@ -12,7 +12,8 @@ from pytest_ftready.outcomes import Fail
 from pytest_ftready.tiny import CHATML
 from pytest_ftready.trainers.trl import MIN_TRL
 
-from ..conftest import copy_example, resume_failure_without, state_for, values
+from ..conftest import (assert_own_overfit, assert_own_resume_exact, copy_example, resume_failure_without,
+                        state_for, values)
 
 pytest.importorskip("trl", minversion=MIN_TRL, reason=f"TRL's own run needs trl >= {MIN_TRL} "
                                                       "(pip install 'pytest-ftready[trl]')")
@@ -62,19 +63,11 @@ def test_the_forecast_is_judged_against_trls_own_step_and_names_it(trl_state, ru
 
 
 def test_trls_overfit_reaches_the_threshold_and_reports_the_engines_beside_it(trl_state, run_check):
-    got = values(run_check(trl_state, "model.overfit"))
-    assert got["step_trainer"] == "trl SFTTrainer"
-    assert got["overfit_final_loss"] <= 0.1 < got["overfit_first_loss"]
-    assert got["engine_overfit_final_loss"] <= 0.1  # the engine's run of the same examples, side by side
-    run_check(trl_state, "lifecycle.generate")  # TRL's trained adapter reloads and generates the same
+    assert_own_overfit(trl_state, run_check, "trl SFTTrainer")
 
 
 def test_trls_own_resume_in_a_fresh_process_gives_the_same_losses(trl_state, run_check):
-    got = values(run_check(trl_state, "lifecycle.resume"))
-    run = trl_state.resume_run
-    assert run.difference == "" and got["resume_max_loss_difference"] == 0.0
-    assert run.resumed_losses == run.straight_losses[run.steps // 2:]
-    assert (trl_state.saved_run.checkpoint / "scheduler.pt").exists()  # TRL's own checkpoint
+    assert_own_resume_exact(trl_state, run_check)  # from its own checkpoint
 
 
 def test_a_resume_losing_the_scheduler_state_fails_naming_it(tmp_path, tiny_model_dir, real_machine, run_check):
