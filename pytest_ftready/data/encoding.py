@@ -95,6 +95,8 @@ class Encoder:
         self.template = template
         # how assistant spans are found in chat rows; plain rows use "prompt-completion" / "all-tokens"
         self.chat_method = CHAT_METHODS[0] if MARKERS.search(template) else CHAT_METHODS[1]
+        # the trained spans come from the template's {% generation %} blocks
+        self.markers = self.chat_method == CHAT_METHODS[0] and self.train_on != "all"
         if self.format in CHAT_FORMATS:
             self._need_template()
         # a token covers at most this many characters of text: a row longer than max_length + 1
@@ -160,8 +162,7 @@ class Encoder:
         other row goes through ``encode``."""
         out: list[Optional[Encoded]] = [None] * len(pairs)
         if self.splicer is not None:
-            markers = self.chat_method == CHAT_METHODS[0] and self.train_on != "all"
-            render_marked = self._render_marked if markers else None
+            render_marked = self._render_marked if self.markers else None
             spliced = []
             for k, (row, sample) in enumerate(pairs):
                 if isinstance(sample, Chat):
@@ -221,7 +222,7 @@ class Encoder:
         chat = _clipped(chat, budget) if budget else chat
         messages, tools = chat.messages, chat.tools
         problems: list[tuple[str, str]] = []
-        markers = self.chat_method == CHAT_METHODS[0] and self.train_on != "all"
+        markers = self.markers
         try:
             if markers:
                 text, generation = self.renderer.render_marked(messages, tools=tools)
@@ -250,11 +251,10 @@ class Encoder:
                      cut: bool) -> Encoded:
         """The labels of a rendered chat row from its tokenization without (``base``) and with
         (``final``) the tokenizer's special tokens: what the row-by-row and the spliced paths share."""
-        markers = self.chat_method == CHAT_METHODS[0] and self.train_on != "all"
         ids, offsets = list(final["input_ids"]), final["offset_mapping"]
         columns = _in_order(offsets) if self.train_on != "all" else None  # one look at the offsets for every use
         blocks = (self._marker_blocks(chat, base, problems, generation, columns if final is base else None)
-                  if markers else None)
+                  if self.markers else None)
         if self.train_on == "all":
             trained = [True] * len(ids)
         else:
