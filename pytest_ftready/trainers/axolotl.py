@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 from pathlib import Path
 from typing import Sequence
@@ -91,7 +90,6 @@ class AxolotlPipeline(FunctionPipeline):
 
 
 # ---- Axolotl's own run ------------------------------------------------------------------------
-ROWS_FILE = "rows.jsonl"
 # Keys the checks set on every run of theirs: nothing leaves the machine, nothing resumes by itself.
 UNTRACKED = {"use_wandb": False, "wandb_project": None, "use_mlflow": False, "mlflow_tracking_uri": None,
              "use_comet": False, "use_tensorboard": False, "use_trackio": False, "use_otel_metrics": False,
@@ -117,14 +115,6 @@ def needs_accelerator(state, exc: BaseException) -> None:
                    "its preprocessing is checked here, run the model checks on the GPU machine") from None
 
 
-def write_rows(folder: Path, rows: Sequence[dict]) -> Path:
-    from ..files import ensure_private_dir, write_private
-
-    path = ensure_private_dir(folder) / ROWS_FILE
-    write_private(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-    return path
-
-
 def run_cfg(recipe, folder: Path, **bounded):
     """The team's config for a bounded run of the rows in ``folder/rows.jsonl``: the config's
     dataset entry (its type, fields, roles) over that file; its output (checkpoints) in ``folder``
@@ -133,7 +123,7 @@ def run_cfg(recipe, folder: Path, **bounded):
 
     entries = read_yaml(config_path(recipe)).get("datasets") or [{}]
     entry = {key: value for key, value in entries[0].items() if key not in ("data_files", "name", "split", "revision")}
-    entry.update(path=str(folder / ROWS_FILE), ds_type="json")
+    entry.update(path=str(folder / hf.ROWS_FILE), ds_type="json")
     save_strategy = bounded.pop("save_strategy")  # load_cfg reads the string "no" as YAML's false
     cfg = axolotl_cfg(recipe, datasets=[entry], output_dir=str(folder),
                       dataset_prepared_path=str(folder / "prepared"), **UNTRACKED, **bounded)
@@ -247,7 +237,7 @@ class AxolotlTrainer(Trainer):
         state.progress("model.step_memory: one step of Axolotl's own Trainer", force=True)
         with tempfile.TemporaryDirectory(prefix="axolotl-step-", dir=state.scratch) as out, patches_undone(state.recipe):
             folder = Path(out)
-            write_rows(folder, hf.row_data(hf.worst_case_examples(state)))
+            hf.write_rows(folder, hf.row_data(hf.worst_case_examples(state)))
             cfg = run_cfg(state.recipe, folder, max_steps=1, save_strategy="no", gradient_accumulation_steps=1,
                           shuffle_merged_datasets=False)
             trainer = axolotl_trainer(state, cfg)
@@ -265,7 +255,7 @@ class AxolotlTrainer(Trainer):
         logger = hf.step_logger(stop_below=checks.overfit_loss)
         state.progress(f"model.overfit: Axolotl's Trainer, up to {checks.overfit_steps} steps", force=True)
         folder = state.scratch / "axolotl-overfit"
-        write_rows(folder, hf.row_data(examples))
+        hf.write_rows(folder, hf.row_data(examples))
         cfg = run_cfg(recipe, folder, max_steps=checks.overfit_steps, save_strategy="no",
                       gradient_accumulation_steps=math.ceil(len(examples) / recipe.training.micro_batch_size),
                       lr_scheduler="constant", warmup_steps=0, warmup_ratio=None)
@@ -282,7 +272,7 @@ class AxolotlTrainer(Trainer):
         steps = resume_steps(recipe)
         examples = state.training_examples()[: max(2, t.micro_batch_size * t.gradient_accumulation_steps * steps)]
         folder = state.scratch / "axolotl-resume"
-        write_rows(folder, hf.row_data(examples))
+        hf.write_rows(folder, hf.row_data(examples))
         logger = hf.step_logger()
         state.progress(f"lifecycle.resume: {steps} steps of Axolotl's Trainer, a checkpoint at step {steps // 2}",
                        force=True)

@@ -71,6 +71,21 @@ def row_data(examples: Sequence) -> list[dict]:
     return [dict(e.row.data) for e in examples]
 
 
+ROWS_FILE = "rows.jsonl"  # the rows a trainer's own run reads, written under the run's scratch
+
+
+def write_rows(folder: Path, rows: Sequence[dict]) -> Path:
+    """``rows`` as ``folder/rows.jsonl``, owner-only (they are the team's data), for a trainer that
+    loads its dataset from a file."""
+    import json
+
+    from ..files import ensure_private_dir, write_private
+
+    path = ensure_private_dir(folder) / ROWS_FILE
+    write_private(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    return path
+
+
 def worst_case_examples(state) -> list:
     """The micro-batch of the longest training examples (repeated where there are fewer rows)."""
     mb = state.recipe.training.micro_batch_size

@@ -48,7 +48,6 @@ from .builtin import resume_steps
 from . import hf
 
 DATASET = "ftready_rows"  # the one dataset of the dataset_info.json written under scratch
-ROWS_FILE = "rows.jsonl"
 ENTRY_KEYS = ("formatting", "columns", "tags", "ranking")  # what of a dataset entry shapes the examples
 UNCUT = 1 << 30  # a cutoff_len that cuts nothing: the length of a row before truncation
 # Config keys the checks set themselves: the data they read, a bounded run, its logs, paths under scratch.
@@ -118,11 +117,10 @@ def dataset_entry(source: Path, raw: dict) -> dict:
 
 def write_rows(folder: Path, rows: Sequence[dict], entry: dict) -> Path:
     """``rows`` as LLaMA-Factory's dataset ``DATASET`` in ``folder`` (rows.jsonl + dataset_info.json)."""
-    from ..files import ensure_private_dir, write_private
+    from ..files import write_private
 
-    ensure_private_dir(folder)
-    write_private(folder / ROWS_FILE, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-    write_private(folder / "dataset_info.json", json.dumps({DATASET: {**entry, "file_name": ROWS_FILE}}))
+    hf.write_rows(folder, rows)
+    write_private(folder / "dataset_info.json", json.dumps({DATASET: {**entry, "file_name": hf.ROWS_FILE}}))
     return folder
 
 
