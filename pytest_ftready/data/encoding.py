@@ -29,6 +29,7 @@ from .redaction import redact_pieces, row_values
 from .rendering import Renderer, generation_mask
 from .rows import Row
 from .skeleton import Splicer, opaque
+from .tiling import Column, bisect_left, tiles, widths
 from .verify import IGNORE_INDEX, dropped_tools, runs, sequence_problems, verify_turns
 
 # Problems that make a row unusable for training (the engine leaves such rows out).
@@ -110,6 +111,11 @@ class Encoder:
         specials = [str(v) for v in tokenizer.special_tokens_map.values()]
         self.splicer = (Splicer(self.char_budget) if self.format in ("auto", *CHAT_FORMATS) and self.renderer.fast
                         and all(opaque(t, specials) for t in named) else None)  # a row with tools may pick another
+        # spliced rows whose tokens tile their text read their offsets by bisection (data/tiling.py),
+        # once the first batch showed it right
+        backend = self._backend() if self.splicer is not None else None
+        self.widths = widths(backend) if backend is not None else None
+        self._tiling_checked = False
 
     def _need_template(self) -> None:
         if not self.template:
@@ -158,40 +164,89 @@ class Encoder:
 
     def encode_many(self, pairs: Sequence[tuple[Row, Sample]]) -> list[Encoded]:
         """``[encode(row, sample) for row, sample in pairs]``, the same Encoded, faster: chat rows
-        the splicer renders (``data/skeleton.py``) are tokenized in batches of BATCH_ROWS; every
-        other row goes through ``encode``."""
+        the splicer renders (``data/skeleton.py``) are tokenized in batches of BATCH_ROWS, each
+        batch in a thread of its own while the rows before it are labelled (the backend releases
+        the GIL); every other row goes through ``encode``."""
         out: list[Optional[Encoded]] = [None] * len(pairs)
         if self.splicer is not None:
-            render_marked = self._render_marked if self.markers else None
-            spliced = []
-            for k, (row, sample) in enumerate(pairs):
-                if isinstance(sample, Chat):
-                    done = self.splicer.splice(sample, self.render, render_marked)
-                    if done is not None:
-                        spliced.append((k, sample, done))
-            for at in range(0, len(spliced), BATCH_ROWS):
-                self._encode_spliced(pairs, spliced[at:at + BATCH_ROWS], out)
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(1, thread_name_prefix="ftready-tokenize") as pool:
+                submit = pool.submit if self._backend() is not None else _now  # transformers' own call: here
+                waiting = None  # (batch, future of its tokenizations)
+                for batch in self._spliced_batches(pairs):
+                    future = submit(self._tokenize_both, [text for _, _, (text, _, _) in batch])
+                    if waiting is not None:
+                        self._encode_spliced(pairs, *waiting, out)
+                    waiting = batch, future
+                if waiting is not None:
+                    self._encode_spliced(pairs, *waiting, out)
         return [e if e is not None else self.encode(row, sample) for e, (row, sample) in zip(out, pairs)]
+
+    def _spliced_batches(self, pairs):
+        """[(index in pairs, chat, splice)] of the chat rows the splicer renders, BATCH_ROWS at a time."""
+        render_marked = self._render_marked if self.markers else None
+        batch = []
+        for k, (row, sample) in enumerate(pairs):
+            if isinstance(sample, Chat):
+                done = self.splicer.splice(sample, self.render, render_marked)
+                if done is not None:
+                    batch.append((k, sample, done))
+                    if len(batch) == BATCH_ROWS:
+                        yield batch
+                        batch = []
+        if batch:
+            yield batch
 
     def _render_marked(self, messages, tools):
         return self.renderer.render_marked(messages, tools=tools)
 
-    def _encode_spliced(self, pairs, batch: list, out: list) -> None:
-        texts = [text for _, _, (text, _, _) in batch]
+    def _tokenize_both(self, texts: list[str]) -> tuple[list, list]:
+        """Each text's tokenization without and with the tokenizer's special tokens."""
         base = self._tokenize_many(texts, False)
-        final = self._tokenize_many(texts, True) if self.add_special else base
+        return base, (self._tokenize_many(texts, True) if self.add_special else base)
+
+    def _encode_spliced(self, pairs, batch: list, tokenized, out: list) -> None:
+        raw_base, raw_final = tokenized.result()
+        base = _readable(raw_base)
+        final = base if raw_final is raw_base else _readable(raw_final)
+        if final is base and self.widths is not None:
+            self._tile(base, [text for _, _, (text, _, _) in batch])
         for n, (k, chat, (text, generation, spans)) in enumerate(batch):
             out[k] = self._chat_labels(pairs[k][0], chat, text, generation, spans, dropped_tools(chat, text), base[n],
                                        final[n], False)
 
-    def _tokenize_many(self, texts: list[str], add_special: bool) -> list:
-        """Each text's tokenization with offsets, as ``self.tok(text, return_offsets_mapping=True)``
-        gives it. The backend's own batch call where the tokenizer left it as its __call__ does
-        (no truncation, no padding, its split_special_tokens): no per-row conversion to a dict."""
+    def _tile(self, encodings: list, texts: list[str]) -> None:
+        """Give the encodings whose tokens tile their text their ``columns``. The first batch checks
+        each such claim against the offsets themselves: one wrong claim and this encoder never
+        claims again (its tokenizer is not what ``tiling`` reads it as)."""
+        claims = [tiles(self.widths, text, e.input_ids) for e, text in zip(encodings, texts)]
+        if not self._tiling_checked:
+            self._tiling_checked = True
+            if any(claim and _in_order(e.offset_mapping) is None for claim, e in zip(claims, encodings)):
+                self.widths = None
+                return
+        for claim, e, text in zip(claims, encodings, texts):
+            if claim:
+                n = len(e.input_ids)
+                e.columns = (Column(e.encoding, 0, n, len(text)), Column(e.encoding, 1, n, len(text)))
+
+    def _backend(self):
+        """The backend tokenizer when the tokenizer left it as its __call__ does (no truncation,
+        no padding, its split_special_tokens): batches then go to it directly, in a thread of their
+        own (it reads nothing of Python's and releases the GIL); else None."""
         backend = getattr(self.tok, "_tokenizer", None)
         if (backend is not None and backend.truncation is None and backend.padding is None
                 and backend.encode_special_tokens == bool(getattr(self.tok, "split_special_tokens", False))):
-            return [_Encoding(e) for e in backend.encode_batch(texts, add_special_tokens=add_special)]
+            return backend
+        return None
+
+    def _tokenize_many(self, texts: list[str], add_special: bool) -> list:
+        """Each text's tokenization with offsets, as ``self.tok(text, return_offsets_mapping=True)``
+        gives it, without a per-row conversion to a dict."""
+        backend = self._backend()
+        if backend is not None:
+            return backend.encode_batch(texts, add_special_tokens=add_special)
         batch = self.tok(texts, add_special_tokens=add_special, return_offsets_mapping=True)
         return [_Item(batch, n) for n in range(len(texts))]
 
@@ -251,25 +306,34 @@ class Encoder:
                      cut: bool) -> Encoded:
         """The labels of a rendered chat row from its tokenization without (``base``) and with
         (``final``) the tokenizer's special tokens: what the row-by-row and the spliced paths share."""
-        ids, offsets = list(final["input_ids"]), final["offset_mapping"]
-        columns = _in_order(offsets) if self.train_on != "all" else None  # one look at the offsets for every use
+        ids = list(final["input_ids"])
+        # the tokens' (starts, ends) when they are in order: read for tokens that tile their text
+        # (data/tiling.py), else one look at the offsets for every use
+        columns = None if self.train_on == "all" else (getattr(final, "columns", None)
+                                                        or _in_order(final["offset_mapping"]))
         blocks = (self._marker_blocks(chat, base, problems, generation, columns if final is base else None)
                   if self.markers else None)
+        trained_runs = None  # runs(trained), where known without looking
         if self.train_on == "all":
             trained = [True] * len(ids)
         else:
-            zero = _zero_width(offsets, columns) if blocks is not None and final is base else None
+            zero = None
+            if blocks is not None and final is base:
+                zero = [] if columns is not None else _zero_width(final["offset_mapping"])
             if zero is not None:  # the blocks' own tokens, in order: the flags are the blocks
                 trained = _block_flags(len(ids), blocks, zero)
+                trained_runs = None if zero else blocks  # maximal runs already (runs of the mask, some left out)
             else:
                 if blocks is not None:  # each marked token's characters, mapped onto the final tokens
                     base_offsets = base["offset_mapping"]
                     spans = [tuple(o) for start, end in blocks for o in base_offsets[start:end] if o[1] > o[0]]
-                trained = _trained_flags(offsets, spans)
+                trained = (_flags_in_order(columns[0], len(ids), spans) if columns is not None
+                           else _trained_flags(final["offset_mapping"], spans))
             if self.chat_method == CHAT_METHODS[1]:
                 _trim_after_stop(ids, trained, self.stop_ids)
-            problems += verify_turns(chat, text, offsets, trained, self.train_on, columns and columns[0])
-        return self._finish(row, ids, trained, problems, self.chat_method, cut)
+            problems += verify_turns(chat, text, None if columns else final["offset_mapping"], trained, self.train_on,
+                                     columns and columns[0])
+        return self._finish(row, ids, trained, problems, self.chat_method, cut, trained_runs)
 
     def _marker_blocks(self, chat: Chat, base, problems, generation=None, columns=None) -> list[tuple[int, int]]:
         """The (start, end) token runs of ``base`` in the template's {% generation %} mask, less the
@@ -299,22 +363,31 @@ class Encoder:
         return blocks
 
     def _finish(self, row: Row, ids: list[int], trained: list[bool], problems: list, method: str,
-                cut: bool = False) -> Encoded:
+                cut: bool = False, spans: Optional[list[tuple[int, int]]] = None) -> Encoded:
         """Labels for the first max_length tokens, and the problems of the whole sequence. ``cut``:
         ``ids`` are only the start of the row; its lengths are lower bounds, and a trained span
-        running into the cut is not judged for its stop token (its end was not tokenized)."""
-        judged = _open_end_untrained(trained) if cut else trained
-        problems = list(problems) + sequence_problems(self.tok, ids, judged, self.stop_ids, self.bos_id)
-        trained_full = trained.count(True)
+        running into the cut is not judged for its stop token (its end was not tokenized).
+        ``spans``: ``runs(trained)``, when the caller has them."""
+        spans = runs(trained) if spans is None else spans
         full_length = len(ids)
+        # a trained span running into the cut is cut off before its stop token
+        judged = spans[:-1] if cut and spans and spans[-1][1] == full_length else spans
+        problems = list(problems) + sequence_problems(self.tok, ids, trained, self.stop_ids, self.bos_id, judged)
+        trained_full = sum(end - start for start, end in spans)
         ids = ids[: self.max_length]
-        labels = [t if flag else IGNORE_INDEX for t, flag in zip(ids, trained)]
-        kept = len(labels) - labels.count(IGNORE_INDEX)
+        labels = [IGNORE_INDEX] * len(ids)
+        kept = 0
+        for start, end in spans:
+            end = min(end, len(ids))
+            if start >= end:
+                break
+            labels[start:end] = ids[start:end]
+            kept += end - start
         least = "at least " if cut else ""
         size = f" (the row is at least {full_length:,} tokens; only its start was tokenized)" if cut else ""
         if trained_full and kept == 0:
             problems.append(("truncated_all", f"max_length {self.max_length} cuts the whole response "
-                             f"({least}{full_length:,} tokens, response starts at token {trained.index(True)})"))
+                             f"({least}{full_length:,} tokens, response starts at token {spans[0][0]})"))
         elif kept < trained_full:
             problems.append(("truncated_part", f"max_length {self.max_length} cuts {least}{trained_full - kept:,} of "
                              f"{least}{trained_full:,} response tokens{size}"))
@@ -347,6 +420,20 @@ def _turn_spans(chat: Chat, text: str, turn_renders, problems: list) -> list[tup
     return spans
 
 
+def _now(function, *args):
+    """``function(*args)`` called here and now, as a done future."""
+    from concurrent.futures import Future
+
+    future: Future = Future()
+    future.set_result(function(*args))
+    return future
+
+
+def _readable(encodings: list) -> list:
+    """Backend ``Encoding``s read as __call__ results (``_Encoding``); ``_Item``s as they are."""
+    return [_Encoding(e) if not isinstance(e, _Item) else e for e in encodings]
+
+
 class _Item:
     """Row ``index`` of a batch tokenization, read as the tokenization of that one text."""
 
@@ -363,12 +450,20 @@ class _Item:
 
 
 class _Encoding:
-    """A backend ``tokenizers.Encoding`` read as the tokenizer's __call__ result for one text."""
+    """A backend ``tokenizers.Encoding`` read as the tokenizer's __call__ result for one text; its
+    offsets become Python objects when first asked for. ``columns``: the tokens' (starts, ends)
+    as ``tiling.Column``s, when they tile the text."""
 
-    __slots__ = ("encoding", "input_ids", "offset_mapping")
+    __slots__ = ("encoding", "input_ids", "_offsets", "columns")
 
     def __init__(self, encoding) -> None:
-        self.encoding, self.input_ids, self.offset_mapping = encoding, encoding.ids, encoding.offsets
+        self.encoding, self.input_ids, self._offsets, self.columns = encoding, encoding.ids, None, None
+
+    @property
+    def offset_mapping(self) -> list:
+        if self._offsets is None:
+            self._offsets = self.encoding.offsets
+        return self._offsets
 
     def __getitem__(self, key: str):
         return self.input_ids if key == "input_ids" else self.offset_mapping
@@ -385,16 +480,6 @@ def _clipped(chat: Chat, budget: int) -> Chat:
     messages = tuple({**m, "content": m["content"][:budget]} if isinstance(m.get("content"), str)
                      and len(m["content"]) > budget else m for m in chat.messages)
     return replace(chat, messages=messages)
-
-
-def _open_end_untrained(trained: list[bool]) -> list[bool]:
-    """``trained`` without the trained run that reaches its end (cut off before its stop token)."""
-    if not trained or not trained[-1]:
-        return trained
-    start = len(trained) - 1
-    while start > 0 and trained[start - 1]:
-        start -= 1
-    return trained[:start] + [False] * (len(trained) - start)
 
 
 def _trained_flags(offsets, spans) -> list[bool]:
@@ -419,6 +504,16 @@ def _trained_flags(offsets, spans) -> list[bool]:
             j += 1
             lo, hi = cover[j] if j < len(cover) else (inf, inf)
         append(a >= lo)
+    return flags
+
+
+def _flags_in_order(starts, n: int, spans) -> list[bool]:
+    """``_trained_flags`` of ``n`` tokens that all have characters and never go back (``starts``:
+    their start characters): the tokens of each interval of the cover are a run, found by bisection."""
+    flags = [False] * n
+    for lo, hi in _cover(spans):
+        first, stop = bisect_left(starts, lo), bisect_left(starts, hi)
+        flags[first:stop] = [True] * (stop - first)
     return flags
 
 

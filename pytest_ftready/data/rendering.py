@@ -13,11 +13,12 @@ signature, or the tokenizer overrides ``apply_chat_template``, every render goes
 
 from __future__ import annotations
 
-import bisect
 import inspect
 import itertools
 import operator
 from typing import Callable, Optional, Sequence
+
+from .tiling import bisect_left, bisect_right
 
 # the parameters of transformers' render_jinja_template this module relies on, in order
 RENDER_PARAMS = ("conversations", "tools", "documents", "chat_template", "return_assistant_tokens_mask",
@@ -94,9 +95,8 @@ def generation_mask(encoding, spans: Sequence[tuple[int, int]], columns=None) ->
     transformers 5 marks every token that overlaps a span; transformers 4 marked the tokens
     from ``char_to_token(start)`` to ``char_to_token(end - 1)``. Both are computed here.
     ``columns``: the tokens' (starts, ends), when the caller knows both never go back."""
-    offsets = encoding["offset_mapping"]
-    overlap = _overlap_mask(offsets, spans, columns)
-    n = len(offsets)
+    n = len(encoding["input_ids"])
+    overlap = _overlap_mask(None if columns else encoding["offset_mapping"], spans, columns, n)
     old = [False] * n
     for start_char, end_char in spans:
         first = encoding.char_to_token(start_char)
@@ -108,12 +108,13 @@ def generation_mask(encoding, spans: Sequence[tuple[int, int]], columns=None) ->
     return overlap if overlap == old else None
 
 
-def _overlap_mask(offsets, spans: Sequence[tuple[int, int]], columns=None) -> list[bool]:
+def _overlap_mask(offsets, spans: Sequence[tuple[int, int]], columns=None, n: Optional[int] = None) -> list[bool]:
     """transformers 5's loop: a pointer over the spans, each token marked when it overlaps the
     first span not yet passed. Where the token starts and ends never go back (the usual case)
     the tokens each span decides are found by bisection, without a Python loop per token.
-    ``columns``: the tokens' (starts, ends), when the caller knows neither goes back."""
-    n, count = len(offsets), len(spans)
+    ``columns``: the tokens' (starts, ends), when the caller knows neither goes back (then
+    ``offsets`` may be None, and ``n`` says how many tokens there are)."""
+    n, count = (len(offsets) if n is None else n), len(spans)
     if n and count:
         starts, ends = columns or zip(*offsets)
         if columns or (all(map(operator.le, starts[:-1], starts[1:])) and all(map(operator.le, ends[:-1], ends[1:]))):
@@ -124,8 +125,8 @@ def _overlap_mask(offsets, spans: Sequence[tuple[int, int]], columns=None) -> li
             below = float("-inf")
             for (lo, _), upto in zip(spans, reach):
                 if upto > below:
-                    first, stop = bisect.bisect_left(starts, below), bisect.bisect_left(starts, upto)
-                    marked = bisect.bisect_right(ends, lo, first, stop)  # ends grow: the overlapping ones are a suffix
+                    first, stop = bisect_left(starts, below), bisect_left(starts, upto)
+                    marked = bisect_right(ends, lo, first, stop)  # ends grow: the overlapping ones are a suffix
                     mask[marked:stop] = [True] * (stop - marked)
                     below = upto
             return mask
@@ -133,7 +134,7 @@ def _overlap_mask(offsets, spans: Sequence[tuple[int, int]], columns=None) -> li
     k = 0
     if count:
         lo, hi = spans[0]
-        for token, (start, end) in enumerate(offsets):
+        for token, (start, end) in enumerate(offsets or ()):
             while start >= hi:
                 k += 1
                 if k == count:

@@ -4,14 +4,15 @@ rendered text of the example; user/system tokens must carry no loss, every token
 assistant turn must, and every trained span must end with a stop token. Truncation is
 accounted for: content cut off by ``max_length`` is not located, so it is not judged.
 
-Imports nothing of the package; no torch. A conversation is a ``layouts.Chat``: its messages,
+Imports only ``tiling`` of the package; no torch. A conversation is a ``layouts.Chat``: its messages,
 which of them train, and the flag that stops a turn training."""
 
 from __future__ import annotations
 
-import bisect
 import operator
 from typing import Optional, Sequence
+
+from .tiling import bisect_left
 
 IGNORE_INDEX = -100
 
@@ -21,13 +22,14 @@ def verify_turns(chat, text: str, offsets, trained: list[bool], train_on: str,
     """Independent of how the spans were found: locate each message's content in the render and
     compare what is trained with what the row asks for (its responses, its training flags).
     ``starts``: the tokens' start characters, when the caller knows that every token has
-    characters and that they never go back (then they are not checked again)."""
+    characters and that they never go back (then they are not checked again, and ``offsets``
+    may be None)."""
     if starts is None:
         starts, ends = (list(column) for column in zip(*offsets)) if len(offsets) else ([], [])
         if not all(map(operator.lt, starts, ends)):  # tokens without characters are found nowhere
             starts = [a if b > a else -1 for a, b in offsets]
         ordered = all(map(operator.le, starts[:-1], starts[1:]))  # the usual case: the tokens in order already
-    elif len(starts) != len(offsets):
+    elif offsets is not None and len(starts) != len(offsets):
         raise ValueError(f"verify_turns: {len(starts)} starts for {len(offsets)} tokens")
     else:
         ordered = True
@@ -47,8 +49,8 @@ def verify_turns(chat, text: str, offsets, trained: list[bool], train_on: str,
         if at < 0:
             continue  # the template rewrote this content; nothing to attribute
         cursor = at + len(content)
-        lo = bisect.bisect_left(sorted_starts, at)
-        hi = bisect.bisect_left(sorted_starts, cursor)
+        lo = bisect_left(sorted_starts, at)
+        hi = bisect_left(sorted_starts, cursor)
         if hi <= lo:
             continue
         flags = trained[lo:hi] if order is None else [trained[order[k]] for k in range(lo, hi)]
@@ -81,17 +83,18 @@ def runs(flags: Sequence[bool]) -> list[tuple[int, int]]:
 
 
 def sequence_problems(tokenizer, ids: Sequence[int], trained: Sequence[bool], stop_ids: frozenset[int],
-                      bos: object = ...) -> list[tuple[str, str]]:
+                      bos: object = ..., spans: Optional[list[tuple[int, int]]] = None) -> list[tuple[str, str]]:
     """BOS written twice; trained spans that end without a stop token. ``bos``: the tokenizer's
     ``bos_token_id`` when the caller has it already (reading it from the tokenizer costs more
-    than the check, row after row)."""
+    than the check, row after row); ``spans``: the trained spans to judge, when the caller has
+    them (else ``runs(trained)``)."""
     problems = []
     if bos is ...:
         bos = tokenizer.bos_token_id
     if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
         problems.append(("bos_doubled", "the sequence starts with BOS twice (the template writes BOS and the "
                          "tokenizer adds another)"))
-    spans = runs(trained)
+    spans = runs(trained) if spans is None else spans
     missing = [(a, b) for a, b in spans if stop_ids.isdisjoint(ids[a:b])]
     if spans and missing and stop_ids:
         names = ", ".join(sorted({tokenizer.convert_ids_to_tokens(s) for s in stop_ids}))

@@ -1,0 +1,143 @@
+"""Tokenizations that tile their text (data/tiling.py): which pipelines are read as byte-level
+(and which are refused, with a text that shows why), the claim against the offsets themselves on
+fuzzed texts, the encoder's results equal with and without it, and the first batch's check."""
+
+from __future__ import annotations
+
+import bisect
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pytest_ftready.data import encoding as encoding_module
+from pytest_ftready.data import tiling
+from pytest_ftready.data.encoding import Encoder, _in_order
+from pytest_ftready.data.layouts import read_sample
+from pytest_ftready.data.rows import Row
+from pytest_ftready.tiny import CHATML, SPECIAL_TOKENS, build_tokenizer
+from tests.data.test_fast_paths import ROWS
+
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def variant(base, **parts):
+    """The tiny tokenizer (its trained vocabulary and merges) with other pipeline ``parts``."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer.from_str(base._tokenizer.to_str())
+    for name, part in parts.items():
+        setattr(backend, name, part)
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="<|im_end|>", pad_token="<pad>",
+                                  unk_token="<unk>", additional_special_tokens=[
+                                      t for t in SPECIAL_TOKENS if t not in ("<s>", "<|im_end|>", "<pad>", "<unk>")])
+    tok.chat_template = CHATML
+    return tok
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    from tokenizers import Regex, normalizers, pre_tokenizers, processors
+
+    base = build_tokenizer()
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    return {
+        "gpt2-style": base,
+        "llama3-style": variant(base, normalizer=normalizers.NFC(), pre_tokenizer=pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"), byte_level])),
+        "trims-offsets": variant(base, post_processor=processors.ByteLevel(trim_offsets=True)),
+        "prefix-space": variant(base, pre_tokenizer=pre_tokenizers.ByteLevel(add_prefix_space=True)),
+        "split-removes": variant(base, pre_tokenizer=pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(" ", behavior="removed"), byte_level])),
+        "lowercase": variant(base, normalizer=normalizers.Lowercase()),
+        "metaspace": variant(base, pre_tokenizer=pre_tokenizers.Metaspace()),
+    }
+
+
+READ_AS_TILING = ("gpt2-style", "llama3-style")
+
+
+def test_byte_level_pipelines_are_read_as_tiling_and_others_refused(tokenizers):
+    for name, tok in tokenizers.items():
+        table = tiling.widths(tok._tokenizer)
+        assert (table is not None) == (name in READ_AS_TILING), name
+        if table is not None:
+            assert table[tok.convert_tokens_to_ids("<|im_end|>")] == len("<|im_end|>")
+
+
+def test_a_refused_pipeline_does_not_tile_ascii_text(tokenizers):
+    """Why trimmed offsets are refused: a lone space token keeps no character."""
+    encoding = tokenizers["trims-offsets"]._tokenizer.encode("a  b", add_special_tokens=False)
+    assert (1, 1) in encoding.offsets or (2, 2) in encoding.offsets
+    assert _in_order(encoding.offsets) is None
+
+
+TEXT = st.lists(st.one_of(st.sampled_from(list("ab xyz019\t\n.,!'-") + ["  ", "\n\n", "é", "中", "😀", "ﬁ"]),
+                          st.sampled_from(list(SPECIAL_TOKENS))), max_size=40).map("".join)
+
+
+@pytest.mark.parametrize("name", READ_AS_TILING)
+@settings(max_examples=300, deadline=None)
+@given(text=TEXT)
+def test_a_tiling_claim_holds_against_the_offsets(tokenizers, name, text):
+    backend = tokenizers[name]._tokenizer
+    encoding = backend.encode(text, add_special_tokens=False)
+    claim = tiling.tiles(tiling.widths(backend), text, encoding.ids)
+    assert claim == text.isascii()  # every ASCII text of these tokenizers is read by bisection
+    if claim:
+        assert _in_order(encoding.offsets) is not None
+        n = len(encoding.ids)
+        starts, ends = tiling.Column(encoding, 0, n, len(text)), tiling.Column(encoding, 1, n, len(text))
+        assert list(zip(starts, ends)) == encoding.offsets
+        real_starts, real_ends = [s for s, _ in encoding.offsets], [e for _, e in encoding.offsets]
+        for x in range(-1, len(text) + 2):  # the bisections answered from one token each, bounds included
+            assert tiling.bisect_left(starts, x) == bisect.bisect_left(real_starts, x)
+            assert tiling.bisect_right(ends, x) == bisect.bisect_right(real_ends, x)
+            lo, hi = n // 3, n - n // 3
+            assert tiling.bisect_left(starts, x, lo, hi) == bisect.bisect_left(real_starts, x, lo, hi)
+            assert tiling.bisect_right(ends, x, lo, hi) == bisect.bisect_right(real_ends, x, lo, hi)
+
+
+def _rows():
+    extra = [{"messages": [{"role": "user", "content": "tabs\tand  two  spaces\n\nhere "},
+                           {"role": "assistant", "content": "  lead and trail  "}]},
+             {"messages": [{"role": "user", "content": "café über 中文"}, {"role": "assistant", "content": "très 😀"}]}]
+    return [Row("t.jsonl", k + 1, data) for k, data in enumerate(ROWS + extra)]
+
+
+def _encoder(tok, train_on="assistant", max_length=512):
+    data = SimpleNamespace(format="auto", train_on=train_on, max_length=max_length, add_special_tokens=False)
+    return Encoder(tok, data, frozenset({tok.convert_tokens_to_ids("<|im_end|>")}))
+
+
+def _pairs(enc, rows):
+    pairs = [(row, read_sample(row, "auto", enc.train_on, {})) for row in rows]
+    pairs = [(row, sample) for row, (sample, problems) in pairs if not problems]
+    assert len(pairs) > len(rows) // 2
+    return pairs
+
+
+@pytest.mark.parametrize("name", ["gpt2-style", "llama3-style", "trims-offsets", "split-removes"])
+@pytest.mark.parametrize("train_on,max_length", [("assistant", 512), ("last_assistant", 512), ("assistant", 20)])
+def test_encode_many_equals_row_by_row_whatever_the_pipeline(tokenizers, name, train_on, max_length, monkeypatch):
+    read = []
+    monkeypatch.setattr(encoding_module, "Column", lambda *a: read.append(a) or tiling.Column(*a))
+    enc = _encoder(tokenizers[name], train_on, max_length)
+    pairs = _pairs(enc, _rows())
+    assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
+    assert bool(read) == (name in READ_AS_TILING)  # the bisected path ran where it applies, and only there
+
+
+def test_the_first_batch_checks_the_claim(tokenizers, monkeypatch):
+    """A tokenizer wrongly read as tiling (its offsets are trimmed): the first batch sees a claim
+    the offsets deny, the encoder stops claiming, and the results are the row-by-row ones."""
+    tok = tokenizers["trims-offsets"]
+    monkeypatch.setattr(encoding_module, "widths", lambda backend: tiling.widths(tokenizers["gpt2-style"]._tokenizer))
+    enc = _encoder(tok)
+    assert enc.widths is not None
+    pairs = _pairs(enc, _rows())
+    assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
+    assert enc.widths is None and enc._tiling_checked
