@@ -26,7 +26,7 @@ from typing import Iterable, Mapping, Optional, Sequence
 from ..recipe.schema import CHAT_FORMATS
 from .layouts import Chat, Plain, Sample, read_sample
 from .redaction import redact_pieces, row_values
-from .rendering import Renderer, generation_mask
+from .rendering import Renderer, generation_runs
 from .rows import Row
 from .skeleton import Splicer, opaque
 from .tiling import Column, bisect_left, tiles, widths
@@ -341,19 +341,18 @@ class Encoder:
         last_assistant). ``generation``: the character spans of the blocks in the rendered text,
         when the render gave them; the mask is then apply_chat_template's, computed on ``base``
         (the tokenization of that very text); ``columns``: ``_in_order`` of its offsets, when known."""
-        mask = None if generation is None else generation_mask(base, generation, columns)
-        if mask is None:
+        blocks = None if generation is None else generation_runs(base, generation, columns)
+        if blocks is None:
             out = self.tok.apply_chat_template(list(chat.messages), tools=list(chat.tools) if chat.tools else None,
                                                tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-            mask = [bool(m) for m in out["assistant_masks"]]
             if list(out["input_ids"]) != list(base["input_ids"]):
                 problems.append(("render_error", "the template's tokenization differs from tokenizing its rendered text"))
                 return []
-        if not any(mask):
+            blocks = runs(out["assistant_masks"])
+        if not blocks:
             problems.append(("markers_empty", "the template's {% generation %} blocks mark no token; "
                              "its assistant mask is all zero"))
             return []
-        blocks = runs(mask)
         assistant = [i for i, m in enumerate(chat.messages) if m.get("role") == "assistant"]
         if len(blocks) == len(assistant):  # one marked block per assistant turn, in order
             blocks = [block for block, i in zip(blocks, assistant) if i in chat.trained]

@@ -19,6 +19,7 @@ import operator
 from typing import Callable, Optional, Sequence
 
 from .tiling import bisect_left, bisect_right
+from .verify import runs
 
 # the parameters of transformers' render_jinja_template this module relies on, in order
 RENDER_PARAMS = ("conversations", "tools", "documents", "chat_template", "return_assistant_tokens_mask",
@@ -98,14 +99,63 @@ def generation_mask(encoding, spans: Sequence[tuple[int, int]], columns=None) ->
     n = len(encoding["input_ids"])
     overlap = _overlap_mask(None if columns else encoding["offset_mapping"], spans, columns, n)
     old = [False] * n
+    for first, stop in _old_ranges(encoding, spans, n):
+        old[first:stop] = [True] * (stop - first)
+    return overlap if overlap == old else None
+
+
+def generation_runs(encoding, spans: Sequence[tuple[int, int]], columns=None) -> Optional[list[tuple[int, int]]]:
+    """``runs(generation_mask(encoding, spans, columns))``, None where that is None; with
+    ``columns`` known, without a mask per token: each way's marked tokens as ranges, joined."""
+    n = len(encoding["input_ids"])
+    if not (columns and n and spans):
+        mask = generation_mask(encoding, spans, columns)
+        return None if mask is None else runs(mask)
+    new, old = _joined(_overlap_ranges(columns, spans)), _joined(_old_ranges(encoding, spans, n))
+    return new if new == old else None
+
+
+def _old_ranges(encoding, spans: Sequence[tuple[int, int]], n: int) -> list[tuple[int, int]]:
+    """transformers 4's marked tokens: from ``char_to_token(start)`` to ``char_to_token(end - 1)``
+    of each span (to the end when that is 0 or None), until a span whose start has no token."""
+    out = []
     for start_char, end_char in spans:
         first = encoding.char_to_token(start_char)
         last = encoding.char_to_token(end_char - 1)
         if first is None:
             break
-        stop = last + 1 if last else n
-        old[first:stop] = [True] * max(0, min(stop, n) - first)
-    return overlap if overlap == old else None
+        stop = min(last + 1 if last else n, n)
+        if stop > first:
+            out.append((first, stop))
+    return out
+
+
+def _overlap_ranges(columns, spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """transformers 5's marked tokens as ranges, for tokens whose (starts, ends) ``columns`` never
+    go back: the pointer stops at the first span whose end is past the token's start, i.e. the first
+    span whose running maximum end is past it: span k decides tokens starting in [reach[k-1], reach[k])."""
+    starts, ends = columns
+    out = []
+    below = float("-inf")
+    for (lo, _), upto in zip(spans, itertools.accumulate((hi for _, hi in spans), max)):
+        if upto > below:
+            first, stop = bisect_left(starts, below), bisect_left(starts, upto)
+            out.append((bisect_right(ends, lo, first, stop), stop))  # ends grow: the overlapping ones are a suffix
+            below = upto
+    return out
+
+
+def _joined(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The runs of the tokens ``ranges`` mark: sorted, empty ones left out, touching ones joined."""
+    out: list[tuple[int, int]] = []
+    for start, stop in sorted(ranges):
+        if stop <= start:
+            continue
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(stop, out[-1][1]))
+        else:
+            out.append((start, stop))
+    return out
 
 
 def _overlap_mask(offsets, spans: Sequence[tuple[int, int]], columns=None, n: Optional[int] = None) -> list[bool]:
@@ -118,17 +168,9 @@ def _overlap_mask(offsets, spans: Sequence[tuple[int, int]], columns=None, n: Op
     if n and count:
         starts, ends = columns or zip(*offsets)
         if columns or (all(map(operator.le, starts[:-1], starts[1:])) and all(map(operator.le, ends[:-1], ends[1:]))):
-            # the pointer stops at the first span whose end is past the token's start, i.e. the first
-            # span whose running maximum end is past it: span k decides tokens starting in [reach[k-1], reach[k])
-            reach = list(itertools.accumulate((hi for _, hi in spans), max))
             mask = [False] * n
-            below = float("-inf")
-            for (lo, _), upto in zip(spans, reach):
-                if upto > below:
-                    first, stop = bisect_left(starts, below), bisect_left(starts, upto)
-                    marked = bisect_right(ends, lo, first, stop)  # ends grow: the overlapping ones are a suffix
-                    mask[marked:stop] = [True] * (stop - marked)
-                    below = upto
+            for marked, stop in _overlap_ranges((starts, ends), spans):
+                mask[marked:stop] = [True] * (stop - marked)
             return mask
     overlap = [False] * n
     k = 0

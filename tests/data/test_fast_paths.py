@@ -122,7 +122,7 @@ def test_a_mask_the_two_transformers_ways_disagree_on_goes_through_apply_chat_te
     expected = enc.encode(row)
     calls = []
     real = type(enc.tok).apply_chat_template
-    monkeypatch.setattr("pytest_ftready.data.encoding.generation_mask", lambda encoding, spans, columns=None: None)
+    monkeypatch.setattr("pytest_ftready.data.encoding.generation_runs", lambda encoding, spans, columns=None: None)
     monkeypatch.setattr(type(enc.tok), "apply_chat_template", lambda self, *a, **k: calls.append(k) or real(self, *a, **k))
     assert enc.encode(row) == expected and any(k.get("return_assistant_tokens_mask") for k in calls)
 

@@ -101,6 +101,28 @@ def test_a_tiling_claim_holds_against_the_offsets(tokenizers, name, text):
             assert tiling.bisect_right(ends, x, lo, hi) == bisect.bisect_right(real_ends, x, lo, hi)
 
 
+@settings(max_examples=300, deadline=None)
+@given(text=TEXT, cuts=st.lists(st.integers(min_value=0, max_value=80), max_size=8))
+def test_generation_runs_are_the_runs_of_the_mask(tokenizers, text, cuts):
+    """The {% generation %} blocks' tokens as runs from bisection (tiled or in-order offsets)
+    are the runs of the mask transformers' two ways agree on, on real tokenizations."""
+    from pytest_ftready.data.encoding import _Encoding
+    from pytest_ftready.data.rendering import generation_mask, generation_runs
+    from pytest_ftready.data.verify import runs
+
+    backend = tokenizers["gpt2-style"]._tokenizer
+    encoding = _Encoding(backend.encode(text, add_special_tokens=False))
+    bounds = sorted(min(c, len(text)) for c in cuts)
+    spans = [(a, b) for a, b in zip(bounds[0::2], bounds[1::2]) if b > a]
+    mask = generation_mask(encoding, spans)  # the loop over every token's offsets
+    expected = None if mask is None else runs(mask)
+    assert generation_runs(encoding, spans, _in_order(encoding.offset_mapping)) == expected
+    n = len(encoding.input_ids)
+    if tiling.tiles(tiling.widths(backend), text, encoding.input_ids):
+        columns = (tiling.Column(encoding.encoding, 0, n, len(text)), tiling.Column(encoding.encoding, 1, n, len(text)))
+        assert generation_runs(encoding, spans, columns) == expected
+
+
 def _rows():
     extra = [{"messages": [{"role": "user", "content": "tabs\tand  two  spaces\n\nhere "},
                            {"role": "assistant", "content": "  lead and trail  "}]},
