@@ -162,7 +162,8 @@ def test_data_checks_throughput(benchmark, big_corpus, corpus_recipe, tiny_model
     benchmark.extra_info.update(rows=ROWS, workers=workers, rows_per_s=round(rows_per_s),
                                 mb_per_s=round(info["bytes"] / 1e6 / seconds, 2), peak_rss_mb=round(peak_mb),
                                 plain_template_rows_per_s=round(plain),
-                                ratio_vs_plain_template_per_core=round(rows_per_s / workers / plain, 2),
+                                ratio_vs_plain_template=round(rows_per_s / plain, 2),  # the figure
+                                ratio_vs_plain_template_per_worker=round(rows_per_s / workers / plain, 2),
                                 speedup_vs_one_worker=round(rows_per_s / ONE_WORKER.get("rows_per_s", rows_per_s), 2))
     # the three checks ran to a verdict (the generated rows are longer than max_length: data.masking may fail)
     import xml.etree.ElementTree as ET
