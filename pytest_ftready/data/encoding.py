@@ -210,7 +210,9 @@ class Encoder:
         raw_base, raw_final = tokenized.result()
         base = _readable(raw_base)
         final = base if raw_final is raw_base else _readable(raw_final)
-        if final is base and self.widths is not None:
+        # offsets are looked at for masks and verification only (not under train_on = "all"), and only
+        # the backend's own encodings can be read by bisection (not the tokenizer __call__'s)
+        if final is base and self.widths is not None and self.train_on != "all" and isinstance(base[0], _Encoding):
             self._tile(base, [text for _, _, (text, _, _) in batch])
         for n, (k, chat, (text, generation, spans)) in enumerate(batch):
             out[k] = self._chat_labels(pairs[k][0], chat, text, generation, spans, dropped_tools(chat, text), base[n],
@@ -322,7 +324,9 @@ class Encoder:
                 zero = [] if columns is not None else _zero_width(final["offset_mapping"])
             if zero is not None:  # the blocks' own tokens, in order: the flags are the blocks
                 trained = _block_flags(len(ids), blocks, zero)
-                trained_runs = None if zero else blocks  # maximal runs already (runs of the mask, some left out)
+                # with no zero-width token the flags are the blocks, and the blocks are runs of the mask
+                # (some left out): already runs(trained)
+                trained_runs = None if zero else blocks
             else:
                 if blocks is not None:  # each marked token's characters, mapped onto the final tokens
                     base_offsets = base["offset_mapping"]
@@ -362,12 +366,12 @@ class Encoder:
         return blocks
 
     def _finish(self, row: Row, ids: list[int], trained: list[bool], problems: list, method: str,
-                cut: bool = False, spans: Optional[list[tuple[int, int]]] = None) -> Encoded:
+                cut: bool = False, trained_runs: Optional[list[tuple[int, int]]] = None) -> Encoded:
         """Labels for the first max_length tokens, and the problems of the whole sequence. ``cut``:
         ``ids`` are only the start of the row; its lengths are lower bounds, and a trained span
         running into the cut is not judged for its stop token (its end was not tokenized).
-        ``spans``: ``runs(trained)``, when the caller has them."""
-        spans = runs(trained) if spans is None else spans
+        ``trained_runs``: exactly ``runs(trained)``, when the caller made ``trained`` from them."""
+        spans = runs(trained) if trained_runs is None else trained_runs
         full_length = len(ids)
         # a trained span running into the cut is cut off before its stop token
         judged = spans[:-1] if cut and spans and spans[-1][1] == full_length else spans

@@ -6,7 +6,7 @@ so each token covers exactly the characters of its bytes and the tokens tile the
 none without characters: what ``encoding._in_order`` finds by looking at every token's offsets,
 a third of a chat row's time. Where the pipeline is such (its parts read once from the backend:
 no normalizer but the Unicode forms, the identity on ASCII; byte-level pre-tokenization that
-adds no prefix space, splits that drop no character; BPE without dropout or affixes; no
+adds no prefix space, splits that drop no character; BPE without dropout, affixes or byte fallback; no
 post-processor that trims offsets) and a text is ASCII with its tokens' widths summing to its
 length, the encoder reads the few offsets it needs from the backend by bisection (``Column``).
 Everything else, and the first batch of every encoder as a check of this reasoning, goes
@@ -36,7 +36,8 @@ def widths(backend) -> Optional[list[int]]:
                                                             backend.post_processor))
         model = backend.model
         if not (_normalizer_ok(normalizer) and _pre_ok(pre) and _post_ok(post) and type(model).__name__ == "BPE"
-                and not model.dropout and not model.continuing_subword_prefix and not model.end_of_word_suffix):
+                and not model.dropout and not model.continuing_subword_prefix and not model.end_of_word_suffix
+                and not model.byte_fallback):  # byte tokens of one character would share it
             return None
         vocab = backend.get_vocab(with_added_tokens=True)
         added = backend.get_added_tokens_decoder()

@@ -5,6 +5,7 @@ fuzzed texts, the encoder's results equal with and without it, and the first bat
 from __future__ import annotations
 
 import bisect
+import copy
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +18,7 @@ from pytest_ftready.data.encoding import Encoder, _in_order
 from pytest_ftready.data.layouts import read_sample
 from pytest_ftready.data.rows import Row
 from pytest_ftready.tiny import CHATML, SPECIAL_TOKENS, build_tokenizer
+from tests.data.test_encoding import CHATML_NO_MARKERS
 from tests.data.test_fast_paths import ROWS
 
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
@@ -54,7 +56,13 @@ def tokenizers():
             [pre_tokenizers.Split(" ", behavior="removed"), byte_level])),
         "lowercase": variant(base, normalizer=normalizers.Lowercase()),
         "metaspace": variant(base, pre_tokenizer=pre_tokenizers.Metaspace()),
+        "byte-fallback": _byte_fallback(variant(base)),
     }
+
+
+def _byte_fallback(tok):
+    tok._tokenizer.model.byte_fallback = True  # <0xC4> <0x8A>: two tokens of one character
+    return tok
 
 
 READ_AS_TILING = ("gpt2-style", "llama3-style")
@@ -130,8 +138,11 @@ def _rows():
     return [Row("t.jsonl", k + 1, data) for k, data in enumerate(ROWS + extra)]
 
 
-def _encoder(tok, train_on="assistant", max_length=512):
-    data = SimpleNamespace(format="auto", train_on=train_on, max_length=max_length, add_special_tokens=False)
+def _encoder(tok, train_on="assistant", max_length=512, add_special=False, template=None):
+    if template is not None:
+        tok = copy.deepcopy(tok)
+        tok.chat_template = template
+    data = SimpleNamespace(format="auto", train_on=train_on, max_length=max_length, add_special_tokens=add_special)
     return Encoder(tok, data, frozenset({tok.convert_tokens_to_ids("<|im_end|>")}))
 
 
@@ -142,15 +153,31 @@ def _pairs(enc, rows):
     return pairs
 
 
-@pytest.mark.parametrize("name", ["gpt2-style", "llama3-style", "trims-offsets", "split-removes"])
-@pytest.mark.parametrize("train_on,max_length", [("assistant", 512), ("last_assistant", 512), ("assistant", 20)])
-def test_encode_many_equals_row_by_row_whatever_the_pipeline(tokenizers, name, train_on, max_length, monkeypatch):
+@pytest.mark.parametrize("name", ["gpt2-style", "llama3-style", "trims-offsets", "split-removes", "byte-fallback"])
+@pytest.mark.parametrize("train_on,max_length,add_special,template", [
+    ("assistant", 512, False, None), ("last_assistant", 512, False, None), ("assistant", 20, False, None),
+    ("assistant", 512, True, None), ("all", 512, False, None), ("assistant", 512, False, CHATML_NO_MARKERS),
+    ("last_assistant", 20, False, CHATML_NO_MARKERS)], ids=lambda v: "no-markers" if v == CHATML_NO_MARKERS else None)
+def test_encode_many_equals_row_by_row_whatever_the_pipeline(tokenizers, name, train_on, max_length, add_special,
+                                                              template, monkeypatch):
     read = []
     monkeypatch.setattr(encoding_module, "Column", lambda *a: read.append(a) or tiling.Column(*a))
-    enc = _encoder(tokenizers[name], train_on, max_length)
+    monkeypatch.setattr(encoding_module, "BATCH_ROWS", 3)  # many batches: each tokenized while the one before is labelled
+    enc = _encoder(tokenizers[name], train_on, max_length, add_special, template)
     pairs = _pairs(enc, _rows())
     assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
-    assert bool(read) == (name in READ_AS_TILING)  # the bisected path ran where it applies, and only there
+    # the bisected path ran where it applies (byte-level pipelines, no special tokens added), and only there
+    assert bool(read) == (name in READ_AS_TILING and not add_special and train_on != "all")
+
+
+def test_a_backend_left_padding_after_the_encoder_was_built_goes_through_the_tokenizers_call(tokenizers):
+    enc = _encoder(tokenizers["gpt2-style"])
+    pairs = _pairs(enc, _rows())
+    expected = [enc.encode(row, sample) for row, sample in pairs]
+    enc.tok._tokenizer.enable_padding(pad_id=enc.tok.pad_token_id, pad_token=enc.tok.pad_token)  # a collator's doing
+    assert enc.widths is not None and enc._backend() is None
+    assert enc.encode_many(pairs) == expected
+    assert enc.tok._tokenizer.padding is None  # the tokenizer's own __call__ ran (and set its backend back)
 
 
 def test_the_first_batch_checks_the_claim(tokenizers, monkeypatch):
