@@ -91,24 +91,32 @@ def bisect_left(column, x: int, lo: int = 0, hi: Optional[int] = None) -> int:
     """``bisect.bisect_left(column, x, lo, hi)``: for a ``Column`` of starts, the tokens that start
     before ``x`` are those before the token holding ``x``, and that token when it starts before."""
     hi = len(column) if hi is None else hi
-    token = column.holder(x) if isinstance(column, Column) and column.side == 0 else None
-    if token is None:
-        if isinstance(column, Column) and column.side == 0 and (x <= 0 or x >= column.length):
-            return min(max(0 if x <= 0 else column.size, lo), hi)
+    if not (isinstance(column, Column) and column.side == 0):
         return bisect.bisect_left(column, x, lo, hi)
-    return min(max(token + (column[token] < x), lo), hi)
+    token = column.holder(x)
+    if token is not None:
+        at = token + (column[token] < x)
+    elif x <= 0 or x >= column.length:
+        at = 0 if x <= 0 else column.size
+    else:  # a character no token holds
+        return bisect.bisect_left(column, x, lo, hi)
+    return min(max(at, lo), hi)
 
 
 def bisect_right(column, x: int, lo: int = 0, hi: Optional[int] = None) -> int:
     """``bisect.bisect_right(column, x, lo, hi)``: for a ``Column`` of ends, the tokens that end at
     or before ``x`` are those before the token holding ``x``."""
     hi = len(column) if hi is None else hi
-    token = column.holder(x) if isinstance(column, Column) and column.side == 1 else None
-    if token is None:
-        if isinstance(column, Column) and column.side == 1 and (x < 0 or x >= column.length):
-            return min(max(0 if x < 0 else column.size, lo), hi)
+    if not (isinstance(column, Column) and column.side == 1):
         return bisect.bisect_right(column, x, lo, hi)
-    return min(max(token, lo), hi)
+    token = column.holder(x)
+    if token is not None:
+        at = token
+    elif x < 0 or x >= column.length:
+        at = 0 if x < 0 else column.size
+    else:  # a character no token holds
+        return bisect.bisect_right(column, x, lo, hi)
+    return min(max(at, lo), hi)
 
 
 def _spec(part) -> Optional[dict]:
