@@ -322,3 +322,29 @@ def test_a_kind_counts_once_per_row_with_every_detail_of_that_row():
     assert places.count == 2 and [where for where, _ in places.first] == ["train.jsonl:1", "train.jsonl:2"]
     assert places.first[0][1] == "3 tokens of user turn 1; 2 tokens of user turn 3"
     assert digest.problems["stop_untrained"].count == 1
+
+
+def test_the_cycle_collector_is_off_while_a_chunk_is_encoded_and_on_after_even_when_it_fails(tmp_path):
+    import gc
+
+    from pytest_ftready.data.digest import digest_chunk
+
+    path = tmp_path / "chat.jsonl"
+    write_corpus(path, 20)
+    chunk = next(chunks([path]))
+    seen = []
+
+    def encode(pairs):
+        seen.append(gc.isenabled())
+        raise RuntimeError("boom")
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError, match="boom"):
+        digest_chunk(chunk, Plan(format="messages", train_on="assistant"), encode)
+    assert seen == [False] and gc.isenabled()
+    gc.disable()  # a caller that had it off keeps it off
+    try:
+        digest_chunk(chunk, Plan(format="messages", train_on="assistant"))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
