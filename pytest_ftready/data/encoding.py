@@ -29,7 +29,7 @@ from .redaction import redact_pieces, row_values
 from .rendering import Renderer, generation_runs
 from .rows import Row
 from .skeleton import Splicer, opaque
-from .tiling import Column, bisect_left, tiles, widths
+from .tiling import columns, holder, widths
 from .verify import IGNORE_INDEX, dropped_tools, runs, sequence_problems, verify_turns
 
 # Problems that make a row unusable for training (the engine leaves such rows out).
@@ -111,8 +111,8 @@ class Encoder:
         specials = [str(v) for v in tokenizer.special_tokens_map.values()]
         self.splicer = (Splicer(self.char_budget) if self.format in ("auto", *CHAT_FORMATS) and self.renderer.fast
                         and all(opaque(t, specials) for t in named) else None)  # a row with tools may pick another
-        # spliced rows whose tokens tile their text read their offsets by bisection (data/tiling.py),
-        # once the first batch showed it right
+        # spliced rows whose tokens tile their text take their offsets from the tokens' widths
+        # (data/tiling.py), once the first batch showed them right
         backend = self._backend() if self.splicer is not None else None
         self.widths = widths(backend) if backend is not None else None
         self._tiling_checked = False
@@ -172,10 +172,14 @@ class Encoder:
             from concurrent.futures import ThreadPoolExecutor
 
             with ThreadPoolExecutor(1, thread_name_prefix="ftready-tokenize") as pool:
-                submit = pool.submit if self._backend() is not None else _now  # transformers' own call: here
                 waiting = None  # (batch, future of its tokenizations)
                 for batch in self._spliced_batches(pairs):
-                    future = submit(self._tokenize_both, [text for _, _, (text, _, _) in batch])
+                    backend = self._backend()
+                    submit = pool.submit if backend is not None else _now  # transformers' own call: here
+                    # without offsets where the widths give them (after the first batch checked them)
+                    quick = (backend is not None and self.widths is not None and self._tiling_checked
+                             and not self.add_special and self.train_on != "all")
+                    future = submit(self._tokenize_both, [text for _, _, (text, _, _) in batch], quick)
                     if waiting is not None:
                         self._encode_spliced(pairs, *waiting, out)
                     waiting = batch, future
@@ -201,37 +205,62 @@ class Encoder:
     def _render_marked(self, messages, tools):
         return self.renderer.render_marked(messages, tools=tools)
 
-    def _tokenize_both(self, texts: list[str]) -> tuple[list, list]:
-        """Each text's tokenization without and with the tokenizer's special tokens."""
+    def _tokenize_both(self, texts: list[str], quick: bool = False) -> tuple[list, list, Optional[list[bool]]]:
+        """Each text's tokenization without and with the tokenizer's special tokens, and which of
+        them are ``quick``: the ASCII texts' when asked, tokenized without offsets (the backend's
+        ``encode_batch_fast``; their offsets are read from the widths, data/tiling.py)."""
+        backend = self._backend()
+        if quick and backend is not None:
+            flags = [text.isascii() for text in texts]
+            fast = iter(backend.encode_batch_fast([t for t, f in zip(texts, flags) if f], add_special_tokens=False))
+            full = iter(backend.encode_batch([t for t, f in zip(texts, flags) if not f], add_special_tokens=False))
+            base = [next(fast) if f else next(full) for f in flags]
+            return base, base, flags
         base = self._tokenize_many(texts, False)
-        return base, (self._tokenize_many(texts, True) if self.add_special else base)
+        return base, (self._tokenize_many(texts, True) if self.add_special else base), None
 
     def _encode_spliced(self, pairs, batch: list, tokenized, out: list) -> None:
-        raw_base, raw_final = tokenized.result()
-        base = _readable(raw_base)
-        final = base if raw_final is raw_base else _readable(raw_final)
-        # offsets are looked at for masks and verification only (not under train_on = "all"), and only
-        # the backend's own encodings can be read by bisection (not the tokenizer __call__'s)
-        if final is base and self.widths is not None and self.train_on != "all" and isinstance(base[0], _Encoding):
-            self._tile(base, [text for _, _, (text, _, _) in batch])
+        raw_base, raw_final, quick = tokenized.result()
+        texts = [text for _, _, (text, _, _) in batch]
+        if quick is not None:
+            base = final = self._read_quick(raw_base, texts, quick)
+        else:
+            base = _readable(raw_base)
+            final = base if raw_final is raw_base else _readable(raw_final)
+            # offsets are looked at for masks and verification only (not under train_on = "all"), and
+            # only the backend's own encodings are read from the widths (not the tokenizer __call__'s)
+            if final is base and self.widths is not None and self.train_on != "all" and isinstance(base[0], _Encoding):
+                self._tile(base, texts)
         for n, (k, chat, (text, generation, spans)) in enumerate(batch):
             out[k] = self._chat_labels(pairs[k][0], chat, text, generation, spans, dropped_tools(chat, text), base[n],
                                        final[n], False)
 
     def _tile(self, encodings: list, texts: list[str]) -> None:
-        """Give the encodings whose tokens tile their text their ``columns``. The first batch checks
-        each such claim against the offsets themselves: one wrong claim and this encoder never
-        claims again (its tokenizer is not what ``tiling`` reads it as)."""
-        claims = [tiles(self.widths, text, e.input_ids) for e, text in zip(encodings, texts)]
+        """Give the encodings whose tokens tile their text their ``columns``. Until a batch had
+        some, each is checked against the offsets themselves: one that differs and this encoder
+        never reads widths again (its tokenizer is not what ``tiling`` reads it as)."""
+        found = [columns(self.widths, text, e.input_ids) for e, text in zip(encodings, texts)]
         if not self._tiling_checked:
-            self._tiling_checked = True
-            if any(claim and _in_order(e.offset_mapping) is None for claim, e in zip(claims, encodings)):
+            if any(c is not None and list(zip(*c)) != e.offset_mapping for c, e in zip(found, encodings)):
                 self.widths = None
                 return
-        for claim, e, text in zip(claims, encodings, texts):
-            if claim:
-                n = len(e.input_ids)
-                e.columns = (Column(e.encoding, 0, n, len(text)), Column(e.encoding, 1, n, len(text)))
+            self._tiling_checked = any(c is not None for c in found)
+        for c, e in zip(found, encodings):
+            e.columns = c
+
+    def _read_quick(self, encodings: list, texts: list[str], quick: list[bool]) -> list:
+        """The batch's tokenizations, those without offsets (``quick``) given their columns from the
+        widths; one whose tokens do not tile its text is tokenized again, with offsets."""
+        out = []
+        for e, text, flag in zip(encodings, texts, quick):
+            if not flag:
+                out.append(_Encoding(e))
+                continue
+            ids = e.ids
+            found = columns(self.widths, text, ids)
+            out.append(_Encoding(e, ids, found) if found is not None
+                       else _readable(self._tokenize_many([text], False))[0])
+        return out
 
     def _backend(self):
         """The backend tokenizer when the tokenizer left it as its __call__ does (no truncation,
@@ -454,25 +483,28 @@ class _Item:
 
 class _Encoding:
     """A backend ``tokenizers.Encoding`` read as the tokenizer's __call__ result for one text; its
-    offsets become Python objects when first asked for. ``columns``: the tokens' (starts, ends)
-    as ``tiling.Column``s, when they tile the text."""
+    offsets become Python objects when first asked for. ``columns``: the tokens' (starts, ends),
+    when they tile the text (``tiling.columns``): then the offsets and ``char_to_token`` are
+    read from them (an encoding of ``encode_batch_fast`` has no offsets of its own)."""
 
     __slots__ = ("encoding", "input_ids", "_offsets", "columns")
 
-    def __init__(self, encoding) -> None:
-        self.encoding, self.input_ids, self._offsets, self.columns = encoding, encoding.ids, None, None
+    def __init__(self, encoding, ids: Optional[list[int]] = None,
+                 columns: Optional[tuple[list[int], list[int]]] = None) -> None:
+        self.encoding, self.input_ids = encoding, (encoding.ids if ids is None else ids)
+        self._offsets, self.columns = None, columns
 
     @property
     def offset_mapping(self) -> list:
         if self._offsets is None:
-            self._offsets = self.encoding.offsets
+            self._offsets = self.encoding.offsets if self.columns is None else list(zip(*self.columns))
         return self._offsets
 
     def __getitem__(self, key: str):
         return self.input_ids if key == "input_ids" else self.offset_mapping
 
     def char_to_token(self, char: int):
-        return self.encoding.char_to_token(char)
+        return self.encoding.char_to_token(char) if self.columns is None else holder(self.columns[1], char)
 
 
 def _clipped(chat: Chat, budget: int) -> Chat:
@@ -515,7 +547,7 @@ def _flags_in_order(starts, n: int, spans) -> list[bool]:
     their start characters): the tokens of each interval of the cover are a run, found by bisection."""
     flags = [False] * n
     for lo, hi in _cover(spans):
-        first, stop = bisect_left(starts, lo), bisect_left(starts, hi)
+        first, stop = bisect.bisect_left(starts, lo), bisect.bisect_left(starts, hi)
         flags[first:stop] = [True] * (stop - first)
     return flags
 

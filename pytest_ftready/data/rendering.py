@@ -16,9 +16,9 @@ from __future__ import annotations
 import inspect
 import itertools
 import operator
+from bisect import bisect_left, bisect_right
 from typing import Callable, Optional, Sequence
 
-from .tiling import bisect_left, bisect_right
 from .verify import runs
 
 # the parameters of transformers' render_jinja_template this module relies on, in order

@@ -8,9 +8,10 @@ a third of a chat row's time. Where the pipeline is such (its parts read once fr
 no normalizer but the Unicode forms, the identity on ASCII; byte-level pre-tokenization that
 adds no prefix space, splits that drop no character; BPE without dropout, affixes or byte fallback; no
 post-processor that trims offsets) and a text is ASCII with its tokens' widths summing to its
-length, the encoder reads the few offsets it needs from the backend by bisection (``Column``).
-Everything else, and the first batch of every encoder as a check of this reasoning, goes
-through the offsets themselves.
+length, each token's start and end are the running sums of the widths (``columns``): the
+encoder asks the backend for no offset at all (``encode_batch_fast``), and finds the tokens of a
+character span by bisection. Everything else, and the first batches of every encoder as a check
+of this reasoning (the sums against the offsets themselves), goes through the offsets.
 
 Imports nothing of the package; no torch.
 """
@@ -18,6 +19,7 @@ Imports nothing of the package; no torch.
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 from typing import Optional
 
@@ -45,7 +47,7 @@ def widths(backend) -> Optional[list[int]]:
         return None
     table = [NO_WIDTH] * (max(vocab.values(), default=-1) + 1)
     for token, index in vocab.items():
-        table[index] = len(token)  # one vocabulary character per byte
+        table[index] = len(token) or NO_WIDTH  # one vocabulary character per byte
     for index, token in added.items():  # matched in the text as they are; lstrip/rstrip take spaces too
         fixed = token.content and not (token.lstrip or token.rstrip or token.single_word)
         if index < len(table):
@@ -53,70 +55,26 @@ def widths(backend) -> Optional[list[int]]:
     return table
 
 
-def tiles(table: Optional[list[int]], text: str, ids: list[int]) -> bool:
-    """Whether the tokens ``ids`` of ``text`` tile it (``table``: ``widths`` of the tokenizer)."""
+def columns(table: Optional[list[int]], text: str, ids: list[int]) -> Optional[tuple[list[int], list[int]]]:
+    """The (starts, ends) of the tokens ``ids`` of ``text`` when they tile it, read from their
+    widths (``table``: ``widths`` of the tokenizer) without asking the backend for an offset;
+    else None."""
     if table is None or not text.isascii():
-        return False
+        return None
     try:
-        return sum(map(table.__getitem__, ids)) == len(text)
+        ends = list(itertools.accumulate(map(table.__getitem__, ids)))
     except IndexError:  # an id beyond the vocabulary
-        return False
+        return None
+    if (ends[-1] if ends else 0) != len(text):
+        return None
+    return [0, *ends[:-1]] if ends else [], ends
 
 
-class Column:
-    """The start (``side`` 0) or end (1) character of each of the ``size`` tokens of a backend
-    ``Encoding`` that tiles its text of ``length`` characters, read from the backend one token at a
-    time: a sorted sequence for ``bisect_left`` / ``bisect_right`` below, which answer from the
-    one token that holds a character."""
-
-    __slots__ = ("encoding", "side", "size", "length")
-
-    def __init__(self, encoding, side: int, size: int, length: int) -> None:
-        self.encoding, self.side, self.size, self.length = encoding, side, size, length
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> int:
-        if not 0 <= index < self.size:
-            raise IndexError(index)
-        return self.encoding.token_to_chars(index)[self.side]
-
-    def holder(self, char: int) -> Optional[int]:
-        """The token that holds character ``char`` (every character of a tiled text has one)."""
-        return self.encoding.char_to_token(char) if 0 <= char < self.length else None
-
-
-def bisect_left(column, x: int, lo: int = 0, hi: Optional[int] = None) -> int:
-    """``bisect.bisect_left(column, x, lo, hi)``: for a ``Column`` of starts, the tokens that start
-    before ``x`` are those before the token holding ``x``, and that token when it starts before."""
-    hi = len(column) if hi is None else hi
-    if not (isinstance(column, Column) and column.side == 0):
-        return bisect.bisect_left(column, x, lo, hi)
-    token = column.holder(x)
-    if token is not None:
-        at = token + (column[token] < x)
-    elif x <= 0 or x >= column.length:
-        at = 0 if x <= 0 else column.size
-    else:  # a character no token holds
-        return bisect.bisect_left(column, x, lo, hi)
-    return min(max(at, lo), hi)
-
-
-def bisect_right(column, x: int, lo: int = 0, hi: Optional[int] = None) -> int:
-    """``bisect.bisect_right(column, x, lo, hi)``: for a ``Column`` of ends, the tokens that end at
-    or before ``x`` are those before the token holding ``x``."""
-    hi = len(column) if hi is None else hi
-    if not (isinstance(column, Column) and column.side == 1):
-        return bisect.bisect_right(column, x, lo, hi)
-    token = column.holder(x)
-    if token is not None:
-        at = token
-    elif x < 0 or x >= column.length:
-        at = 0 if x < 0 else column.size
-    else:  # a character no token holds
-        return bisect.bisect_right(column, x, lo, hi)
-    return min(max(at, lo), hi)
+def holder(ends: list[int], char: int) -> Optional[int]:
+    """The token that holds character ``char`` of a tiled text (``ends``: its tokens' ends), as
+    ``Encoding.char_to_token`` answers: None outside the text."""
+    at = bisect.bisect_right(ends, char)
+    return at if 0 <= char and at < len(ends) else None
 
 
 def _spec(part) -> Optional[dict]:

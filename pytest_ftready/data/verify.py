@@ -4,15 +4,15 @@ rendered text of the example; user/system tokens must carry no loss, every token
 assistant turn must, and every trained span must end with a stop token. Truncation is
 accounted for: content cut off by ``max_length`` is not located, so it is not judged.
 
-Imports only ``tiling`` of the package; no torch. A conversation is a ``layouts.Chat``: its messages,
+Imports nothing of the package; no torch. A conversation is a ``layouts.Chat``: its messages,
 which of them train, and the flag that stops a turn training."""
 
 from __future__ import annotations
 
 import operator
+from bisect import bisect_left
 from typing import Optional, Sequence
 
-from .tiling import bisect_left
 
 IGNORE_INDEX = -100
 

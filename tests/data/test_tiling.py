@@ -4,7 +4,6 @@ fuzzed texts, the encoder's results equal with and without it, and the first bat
 
 from __future__ import annotations
 
-import bisect
 import copy
 from types import SimpleNamespace
 
@@ -93,20 +92,14 @@ TEXT = st.lists(st.one_of(st.sampled_from(list("ab xyz019\t\n.,!'-") + ["  ", "\
 def test_a_tiling_claim_holds_against_the_offsets(tokenizers, name, text):
     backend = tokenizers[name]._tokenizer
     encoding = backend.encode(text, add_special_tokens=False)
-    claim = tiling.tiles(tiling.widths(backend), text, encoding.ids)
-    assert claim == text.isascii()  # every ASCII text of these tokenizers is read by bisection
-    if claim:
-        assert _in_order(encoding.offsets) is not None
-        n = len(encoding.ids)
-        starts, ends = tiling.Column(encoding, 0, n, len(text)), tiling.Column(encoding, 1, n, len(text))
-        assert list(zip(starts, ends)) == encoding.offsets
-        real_starts, real_ends = [s for s, _ in encoding.offsets], [e for _, e in encoding.offsets]
-        for x in range(-1, len(text) + 2):  # the bisections answered from one token each, bounds included
-            assert tiling.bisect_left(starts, x) == bisect.bisect_left(real_starts, x)
-            assert tiling.bisect_right(ends, x) == bisect.bisect_right(real_ends, x)
-            lo, hi = n // 3, n - n // 3
-            assert tiling.bisect_left(starts, x, lo, hi) == bisect.bisect_left(real_starts, x, lo, hi)
-            assert tiling.bisect_right(ends, x, lo, hi) == bisect.bisect_right(real_ends, x, lo, hi)
+    fast = backend.encode_batch_fast([text], add_special_tokens=False)[0]
+    assert fast.ids == encoding.ids  # the tokens without offsets are the same tokens
+    found = tiling.columns(tiling.widths(backend), text, fast.ids)
+    assert (found is not None) == text.isascii()  # every ASCII text of these tokenizers is read from its widths
+    if found is not None:
+        assert list(zip(*found)) == encoding.offsets and _in_order(encoding.offsets) is not None
+        for x in range(-1, len(text) + 2):  # the token holding each character, bounds included
+            assert tiling.holder(found[1], x) == (encoding.char_to_token(x) if x >= 0 else None)
 
 
 @settings(max_examples=300, deadline=None)
@@ -125,10 +118,10 @@ def test_generation_runs_are_the_runs_of_the_mask(tokenizers, text, cuts):
     mask = generation_mask(encoding, spans)  # the loop over every token's offsets
     expected = None if mask is None else runs(mask)
     assert generation_runs(encoding, spans, _in_order(encoding.offset_mapping)) == expected
-    n = len(encoding.input_ids)
-    if tiling.tiles(tiling.widths(backend), text, encoding.input_ids):
-        columns = (tiling.Column(encoding.encoding, 0, n, len(text)), tiling.Column(encoding.encoding, 1, n, len(text)))
-        assert generation_runs(encoding, spans, columns) == expected
+    found = tiling.columns(tiling.widths(backend), text, encoding.input_ids)
+    if found is not None:  # read without offsets, as encode_many does: the same runs
+        fast = backend.encode_batch_fast([text], add_special_tokens=False)[0]
+        assert generation_runs(_Encoding(fast, fast.ids, found), spans, found) == expected
 
 
 def _rows():
@@ -160,14 +153,19 @@ def _pairs(enc, rows):
     ("last_assistant", 20, False, CHATML_NO_MARKERS)], ids=lambda v: "no-markers" if v == CHATML_NO_MARKERS else None)
 def test_encode_many_equals_row_by_row_whatever_the_pipeline(tokenizers, name, train_on, max_length, add_special,
                                                               template, monkeypatch):
-    read = []
-    monkeypatch.setattr(encoding_module, "Column", lambda *a: read.append(a) or tiling.Column(*a))
+    read, quick = [], []
+    monkeypatch.setattr(encoding_module, "columns", lambda *a: read.append(tiling.columns(*a)) or read[-1])
+    read_quick = Encoder._read_quick
+    monkeypatch.setattr(Encoder, "_read_quick", lambda self, e, t, q: quick.extend(q) or read_quick(self, e, t, q))
     monkeypatch.setattr(encoding_module, "BATCH_ROWS", 3)  # many batches: each tokenized while the one before is labelled
     enc = _encoder(tokenizers[name], train_on, max_length, add_special, template)
-    pairs = _pairs(enc, _rows())
+    pairs = _pairs(enc, _rows() * 3)
     assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
-    # the bisected path ran where it applies (byte-level pipelines, no special tokens added), and only there
-    assert bool(read) == (name in READ_AS_TILING and not add_special and train_on != "all")
+    # the widths were read where they apply (byte-level pipelines, no special tokens added), and only there;
+    # after the first batches checked them, the ASCII rows were tokenized without offsets, the others with
+    applies = name in READ_AS_TILING and not add_special and train_on != "all"
+    assert any(c is not None for c in read) == applies
+    assert (True in quick, False in quick) == (applies, applies)
 
 
 def test_a_backend_left_padding_after_the_encoder_was_built_goes_through_the_tokenizers_call(tokenizers):
@@ -189,4 +187,17 @@ def test_the_first_batch_checks_the_claim(tokenizers, monkeypatch):
     assert enc.widths is not None
     pairs = _pairs(enc, _rows())
     assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
-    assert enc.widths is None and enc._tiling_checked
+    assert enc.widths is None and not enc._tiling_checked
+
+
+def test_the_claim_is_not_taken_as_checked_before_a_batch_had_one(tokenizers):
+    """A first batch with no text read from its widths (none ASCII) checks nothing: the next does."""
+    enc = _encoder(tokenizers["gpt2-style"])
+    backend = enc.tok._tokenizer
+    texts = ["café", "中文 here"]
+    enc._tile([encoding_module._Encoding(e) for e in backend.encode_batch(texts, add_special_tokens=False)], texts)
+    assert enc.widths is not None and not enc._tiling_checked
+    texts = ["plain ascii", "über"]
+    encodings = [encoding_module._Encoding(e) for e in backend.encode_batch(texts, add_special_tokens=False)]
+    enc._tile(encodings, texts)
+    assert enc._tiling_checked and encodings[0].columns is not None and encodings[1].columns is None
