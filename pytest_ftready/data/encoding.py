@@ -177,8 +177,8 @@ class Encoder:
                     backend = self._backend()
                     submit = pool.submit if backend is not None else _now  # transformers' own call: here
                     # without offsets where the widths give them (after the first batch checked them)
-                    quick = (backend is not None and self.widths is not None and self._tiling_checked
-                             and not self.add_special and self.train_on != "all")
+                    quick = (self.widths is not None and self._tiling_checked and not self.add_special
+                             and self.train_on != "all" and hasattr(backend, "encode_batch_fast"))  # tokenizers 0.20.2+
                     future = submit(self._tokenize_both, [text for _, _, (text, _, _) in batch], quick)
                     if waiting is not None:
                         self._encode_spliced(pairs, *waiting, out)
@@ -210,7 +210,7 @@ class Encoder:
         them are ``quick``: the ASCII texts' when asked, tokenized without offsets (the backend's
         ``encode_batch_fast``; their offsets are read from the widths, data/tiling.py)."""
         backend = self._backend()
-        if quick and backend is not None:
+        if quick and hasattr(backend, "encode_batch_fast"):
             flags = [text.isascii() for text in texts]
             fast = iter(backend.encode_batch_fast([t for t, f in zip(texts, flags) if f], add_special_tokens=False))
             full = iter(backend.encode_batch([t for t, f in zip(texts, flags) if not f], add_special_tokens=False))

@@ -201,3 +201,28 @@ def test_the_claim_is_not_taken_as_checked_before_a_batch_had_one(tokenizers):
     encodings = [encoding_module._Encoding(e) for e in backend.encode_batch(texts, add_special_tokens=False)]
     enc._tile(encodings, texts)
     assert enc._tiling_checked and encodings[0].columns is not None and encodings[1].columns is None
+
+
+def test_a_tokenizers_without_encode_batch_fast_tokenizes_every_row_with_offsets(tokenizers, monkeypatch):
+    """tokenizers before 0.20.2 has no encode_batch_fast: the widths still give the columns, of
+    encodings that carry their offsets, and the results are the same."""
+    class Older:  # the backend as an older tokenizers has it
+        def __init__(self, backend):
+            self.backend = backend
+
+        def __getattr__(self, name):
+            if name == "encode_batch_fast":
+                raise AttributeError(name)
+            return getattr(self.backend, name)
+
+    monkeypatch.setattr(encoding_module, "BATCH_ROWS", 3)
+    enc = _encoder(tokenizers["gpt2-style"])
+    pairs = _pairs(enc, _rows() * 3)
+    expected = [enc.encode(row, sample) for row, sample in pairs]
+    backend = enc._backend
+    monkeypatch.setattr(enc, "_backend", lambda: None if backend() is None else Older(backend()))
+    quick = []
+    read_quick = enc._read_quick
+    monkeypatch.setattr(enc, "_read_quick", lambda *a: quick.append(a) or read_quick(*a))
+    assert enc.encode_many(pairs) == expected
+    assert enc._tiling_checked and enc.widths is not None and not quick
