@@ -84,6 +84,7 @@ def case_properties(path: Path, case_name: str):
     raise KeyError(case_name)
 
 
+@pytest.mark.faults_slow  # a torchrun job with a rank killed: CI's second line (pytest tests -m "slow or faults_slow")
 def test_a_rank_killed_mid_collective_is_named_and_leaves_no_process(make_multi_state, run_check, monkeypatch):
     state = make_multi_state()
     monkeypatch.setenv("FTREADY_TEST_KILL_RANK", "1:collectives")
@@ -122,6 +123,7 @@ def test_an_fsdp_rank_with_too_little_memory_fails_the_step_naming_it(make_multi
         assert figures[rank]["weights_bytes"] < figures[rank]["full_elements"] * 4
 
 
+@pytest.mark.faults_slow  # a rendezvous left to time out: CI's second line (pytest tests -m "slow or faults_slow")
 def test_a_node_that_never_joins_fails_the_rendezvous_within_the_timeout(tmp_path):
     """nnodes = 2 but only this node starts: torchrun's rendezvous gives up after timeout_s."""
     import socket

@@ -15,7 +15,11 @@ OWN_SKIPS = {
     "privacy.retention": "the backups folder",
     "model.memory_forecast": "no target device to judge the forecast against",  # a CPU-only machine  # the example declares backups/ but ships no backup
 }
-ALONE = [spec.id for spec in all_checks() if not spec.accelerator]
+# Checks that train and restart a model alone (seconds each): CI's second line runs them
+# (pytest tests -m "slow or faults_slow"); whole runs cover them in the default one.
+SLOW_ALONE = {"lifecycle.resume"}
+ALONE = [pytest.param(spec.id, marks=[pytest.mark.slow] if spec.id in SLOW_ALONE else [])
+         for spec in all_checks() if not spec.accelerator]
 # Units that count what a check looked at; every check states at least one (issue 32).
 LOOKED_AT = {"files", "bytes", "rows", "tokens", "steps", "shards", "ranks", "paths", "examples", "packages",
              "generators", "precisions", "kernels", "levers", "elements", "samples", "checkpoints", "bugs"}

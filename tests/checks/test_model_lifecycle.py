@@ -48,6 +48,7 @@ def test_overfit_passes_and_generate_reloads_the_same_model(make_state, run_chec
     assert state.overfit.greedy_ids[-1] in state.encoder.stop_ids
 
 
+@pytest.mark.faults_slow  # a whole overfit that cannot learn: CI's second line (pytest tests -m "slow or faults_slow")
 def test_learning_rate_zero_fails_overfit(make_state, run_check):
     state = make_state(learning_rate="0.0")
     with pytest.raises(Fail, match="no trainable parameter changed in 200 steps .learning_rate = 0.0."):

@@ -207,6 +207,7 @@ def test_stop_and_sweep_leave_no_process_of_the_job(monkeypatch):
     assert job_processes(token) == []
 
 
+@pytest.mark.faults_slow  # a job left silent until the watchdog kills it: CI's second line (pytest tests -m "slow or faults_slow")
 def test_a_silent_job_is_killed_by_the_watchdog_and_swept(tmp_path, monkeypatch):
     """A stand-in for torchrun that starts a 'rank' in a session of its own and then hangs."""
     from pytest_ftready.engine.distributed import launcher

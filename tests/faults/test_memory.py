@@ -54,6 +54,7 @@ def test_small_device_fails_step_memory_with_numbers_and_levers_and_stops_its_de
         state.blocked[check_id] = blocked_by
 
 
+@pytest.mark.faults_slow  # a real allocation until it fails: CI's second line (pytest tests -m "slow or faults_slow")
 def test_real_out_of_memory_error_from_an_allocation_is_a_clear_failure(make_state, fails, run_check, monkeypatch):
     from pytest_ftready.engine import step
 

@@ -34,6 +34,7 @@ DISK_FULL = textwrap.dedent("""
 """)
 
 
+@pytest.mark.faults_slow  # a whole run on a full file system: CI's second line (pytest tests -m "slow or faults_slow")
 def test_disk_full_while_writing_fails_naming_the_path_and_leaves_no_partial_file(tiny_example, tmp_path):
     arts = tmp_path / "arts"
     (arts / "tiny").mkdir(parents=True)

@@ -150,6 +150,7 @@ def test_two_recipes_with_one_name_are_refused(project):
     result.stdout.fnmatch_lines(["*Invalid recipe *sub/recipe.toml name: 'demo' is also the name of *recipe.toml*"])
 
 
+@pytest.mark.faults_slow  # a pytest run on a broken model: CI's second line (pytest tests -m "slow or faults_slow")
 def test_a_model_that_cannot_load_fails_each_check_once_and_clearly(project):
     (project.path / "model" / "config.json").write_text("{not json")
     result = project.runpytest_subprocess("--ftready=recipe.toml", "-k", "data.template or data.masking", "-rf")

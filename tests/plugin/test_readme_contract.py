@@ -274,22 +274,24 @@ def test_settings_say_where_they_came_from_cli_over_env_over_ini(tiny_example):
     (folder / "pyproject.toml").write_text(opt_in + 'ftready_artifacts = "from-ini"\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("FTREADY_")}
 
-    def header(*args, **extra):
+    def header(*args, **extra):  # the four collections run side by side
         import subprocess
         import sys
 
-        out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", *args],
-                             cwd=folder, env={**env, **extra}, capture_output=True, text=True).stdout
-        return next(line for line in out.splitlines() if line.startswith("ftready: recipes"))
+        return subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", *args],
+                                cwd=folder, env={**env, **extra}, stdout=subprocess.PIPE, text=True)
 
-    line = header()
-    assert "recipe.toml (from ini ftready)" in line and f"{folder / 'from-ini'} (from ini ftready_artifacts)" in line
-    line = header(FTREADY_RECIPE="recipe.toml")
-    assert "(from env FTREADY_RECIPE)" in line and f"{folder / 'from-ini'} (from ini ftready_artifacts)" in line
-    line = header("--ftready=recipe.toml", FTREADY_ARTIFACTS="from-env")
-    assert "(from --ftready)" in line and f"{folder / 'from-env'} (from env FTREADY_ARTIFACTS)" in line
-    line = header("--ftready=recipe.toml", "--ftready-artifacts=from-cli", FTREADY_ARTIFACTS="from-env")
-    assert f"{folder / 'from-cli'} (from --ftready-artifacts)" in line
+    runs = [header(), header(FTREADY_RECIPE="recipe.toml"),
+            header("--ftready=recipe.toml", FTREADY_ARTIFACTS="from-env"),
+            header("--ftready=recipe.toml", "--ftready-artifacts=from-cli", FTREADY_ARTIFACTS="from-env")]
+    ini, env_recipe, env_artifacts, cli = (next(line for line in run.communicate()[0].splitlines()
+                                                 if line.startswith("ftready: recipes")) for run in runs)
+    assert "recipe.toml (from ini ftready)" in ini and f"{folder / 'from-ini'} (from ini ftready_artifacts)" in ini
+    assert ("(from env FTREADY_RECIPE)" in env_recipe
+            and f"{folder / 'from-ini'} (from ini ftready_artifacts)" in env_recipe)
+    assert ("(from --ftready)" in env_artifacts
+            and f"{folder / 'from-env'} (from env FTREADY_ARTIFACTS)" in env_artifacts)
+    assert f"{folder / 'from-cli'} (from --ftready-artifacts)" in cli
 
 
 @pytest.mark.parametrize("option, expected", [

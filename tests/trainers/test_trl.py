@@ -66,10 +66,12 @@ def test_trls_overfit_reaches_the_threshold_and_reports_the_engines_beside_it(tr
     assert_own_overfit(trl_state, run_check, "trl SFTTrainer")
 
 
+@pytest.mark.slow  # TRL trains, then resumes in a fresh process: CI's second line (pytest tests -m "slow or faults_slow")
 def test_trls_own_resume_in_a_fresh_process_gives_the_same_losses(trl_state, run_check):
     assert_own_resume_exact(trl_state, run_check)  # from its own checkpoint
 
 
+@pytest.mark.slow  # a second TRL train and resume: CI's second line (pytest tests -m "slow or faults_slow")
 def test_a_resume_losing_the_scheduler_state_fails_naming_it(tmp_path, tiny_model_dir, real_machine, run_check):
     state = state_for(trl_folder(tmp_path / "tiny", tiny_model_dir), tmp_path / "arts", real_machine)
     message = resume_failure_without(state, run_check, "scheduler.pt")
@@ -77,6 +79,7 @@ def test_a_resume_losing_the_scheduler_state_fails_naming_it(tmp_path, tiny_mode
     assert "the scheduler state (scheduler.pt)" in message and "learning rate" in message
 
 
+@pytest.mark.slow  # a second TRL config's step: CI's second line (pytest tests -m "slow or faults_slow")
 def test_a_collator_padding_longer_than_the_engines_shows_both_step_memories(tmp_path, tiny_model_dir, real_machine,
                                                                                run_check):
     config = trl_folder(tmp_path / "tiny", tiny_model_dir, "pad_to_multiple_of: 512\n")
