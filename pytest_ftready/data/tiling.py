@@ -43,6 +43,7 @@ def widths(backend) -> Optional[list[int]]:
             return None
         vocab = backend.get_vocab(with_added_tokens=True)
         added = backend.get_added_tokens_decoder()
+        unknown = model.unk_token
     except Exception:  # another tokenizers: parts it cannot describe
         return None
     table = [NO_WIDTH] * (max(vocab.values(), default=-1) + 1)
@@ -52,6 +53,8 @@ def widths(backend) -> Optional[list[int]]:
         fixed = token.content and not (token.lstrip or token.rstrip or token.single_word)
         if index < len(table):
             table[index] = len(token.content) if fixed else NO_WIDTH
+    if unknown in vocab:  # stands for characters missing from the vocabulary, any number of them (fuse_unk)
+        table[vocab[unknown]] = NO_WIDTH
     return table
 
 

@@ -56,7 +56,24 @@ def tokenizers():
         "lowercase": variant(base, normalizer=normalizers.Lowercase()),
         "metaspace": variant(base, pre_tokenizer=pre_tokenizers.Metaspace()),
         "byte-fallback": _byte_fallback(variant(base)),
+        "unknown-bytes": _unknown_bytes(base),
     }
+
+
+def _unknown_bytes(base):
+    """The tiny tokenizer without the byte characters of \\x01-\\x03, unknown runs fused into one
+    ``<unk>``: a token whose width is that of the run, not of its own text."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    spec = json.loads(base._tokenizer.to_str())
+    gone = {chr(0x101), chr(0x102), chr(0x103)}  # the byte-level characters of \x01 \x02 \x03
+    model = spec["model"]
+    model["fuse_unk"], model["unk_token"] = True, "<unk>"
+    model["vocab"] = {t: i for t, i in model["vocab"].items() if not set(t) & gone}
+    model["merges"] = [m for m in model["merges"] if not set("".join(m) if isinstance(m, list) else m) & gone]
+    return variant(base, model=Tokenizer.from_str(json.dumps(spec)).model)
 
 
 def _byte_fallback(tok):
@@ -64,7 +81,7 @@ def _byte_fallback(tok):
     return tok
 
 
-READ_AS_TILING = ("gpt2-style", "llama3-style")
+READ_AS_TILING = ("gpt2-style", "llama3-style", "unknown-bytes")
 
 
 def test_byte_level_pipelines_are_read_as_tiling_and_others_refused(tokenizers):
@@ -95,7 +112,8 @@ def test_a_tiling_claim_holds_against_the_offsets(tokenizers, name, text):
     fast = backend.encode_batch_fast([text], add_special_tokens=False)[0]
     assert fast.ids == encoding.ids  # the tokens without offsets are the same tokens
     found = tiling.columns(tiling.widths(backend), text, fast.ids)
-    assert (found is not None) == text.isascii()  # every ASCII text of these tokenizers is read from its widths
+    # every ASCII text of these tokenizers is read from its widths, but where the unknown token stands
+    assert (found is not None) == (text.isascii() and "<unk>" not in text)
     if found is not None:
         assert list(zip(*found)) == encoding.offsets and _in_order(encoding.offsets) is not None
         for x in range(-1, len(text) + 2):  # the token holding each character, bounds included
@@ -226,3 +244,28 @@ def test_a_tokenizers_without_encode_batch_fast_tokenizes_every_row_with_offsets
     monkeypatch.setattr(enc, "_read_quick", lambda *a: quick.append(a) or read_quick(*a))
     assert enc.encode_many(pairs) == expected
     assert enc._tiling_checked and enc.widths is not None and not quick
+
+
+def test_an_unknown_token_is_never_read_from_its_width(tokenizers):
+    """A fused ``<unk>`` covers a run of any length: two runs can sum to a multiple of its text's
+    width, so the total matches while the positions do not. Such rows go through their offsets."""
+    tok = tokenizers["unknown-bytes"]
+    backend = tok._tokenizer
+    text = "a\x01\x01\x01b c\x01\x01\x01\x01\x01\x01\x01d"
+    encoding = backend.encode(text, add_special_tokens=False)
+    unk = tok.convert_tokens_to_ids("<unk>")
+    assert encoding.ids.count(unk) == 2 and sum(b - a for a, b in encoding.offsets) == len(text)
+    assert tiling.widths(backend)[unk] == tiling.NO_WIDTH and tiling.columns(tiling.widths(backend), text,
+                                                                            encoding.ids) is None
+    enc = _encoder(tok)
+    rows = [Row("t.jsonl", k + 1, {"messages": [{"role": "user", "content": f"hi {k}"},
+                                                {"role": "assistant", "content": f"hello {k}"}]}) for k in range(9)]
+    rows.append(Row("t.jsonl", 10, {"messages": [{"role": "user", "content": "q\x01\x01\x01"},
+                                                  {"role": "assistant", "content": "\x01" * 7 + " answer"}]}))
+    pairs = _pairs(enc, rows)
+    encoding_module.BATCH_ROWS, batch_rows = 3, encoding_module.BATCH_ROWS  # the last row on the quick path
+    try:
+        assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
+    finally:
+        encoding_module.BATCH_ROWS = batch_rows
+    assert enc._tiling_checked and enc.widths is not None
