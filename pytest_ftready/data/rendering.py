@@ -121,7 +121,7 @@ def _old_ranges(encoding, spans: Sequence[tuple[int, int]], n: int) -> list[tupl
     out = []
     for start_char, end_char in spans:
         first = encoding.char_to_token(start_char)
-        last = encoding.char_to_token(end_char - 1)
+        last = encoding.char_to_token(end_char - 1) if end_char > 0 else None  # an empty block at the start
         if first is None:
             break
         stop = min(last + 1 if last else n, n)

@@ -269,3 +269,20 @@ def test_an_unknown_token_is_never_read_from_its_width(tokenizers):
     finally:
         encoding_module.BATCH_ROWS = batch_rows
     assert enc._tiling_checked and enc.widths is not None
+
+
+def test_an_empty_generation_block_at_the_start_reads_the_same_either_way(tokenizers):
+    """A span (0, 0) asks transformers 4's way for the token before character 0: no token, with or
+    without offsets (the backend refuses a negative index; it is never asked)."""
+    from pytest_ftready.data.encoding import _Encoding
+    from pytest_ftready.data.rendering import generation_runs
+
+    backend = tokenizers["gpt2-style"]._tokenizer
+    text = "<|im_start|>assistant\nhello there<|im_end|>"
+    with_offsets = _Encoding(backend.encode(text, add_special_tokens=False))
+    fast = backend.encode_batch_fast([text], add_special_tokens=False)[0]
+    found = tiling.columns(tiling.widths(backend), text, fast.ids)
+    spans = [(0, 0), (22, len(text))]
+    expected = generation_runs(with_offsets, spans, _in_order(with_offsets.offset_mapping))
+    assert generation_runs(_Encoding(fast, fast.ids, found), spans, found) == expected
+    assert generation_runs(with_offsets, spans) == expected
