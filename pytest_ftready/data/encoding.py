@@ -112,9 +112,12 @@ class Encoder:
         self.splicer = (Splicer(self.char_budget) if self.format in ("auto", *CHAT_FORMATS) and self.renderer.fast
                         and all(opaque(t, specials) for t in named) else None)  # a row with tools may pick another
         # spliced rows whose tokens tile their text take their offsets from the tokens' widths
-        # (data/tiling.py), once the first batch showed them right
+        # (data/tiling.py), once the first batch showed them right; offsets are looked at for masks
+        # and verification only (not under train_on = "all"), of the text as tokenized (no special
+        # tokens added)
         backend = self._backend() if self.splicer is not None else None
-        self.widths = widths(backend) if backend is not None else None
+        self.widths = (widths(backend) if backend is not None and self.train_on != "all" and not self.add_special
+                       else None)
         self._tiling_checked = False
 
     def _need_template(self) -> None:
@@ -172,13 +175,11 @@ class Encoder:
             from concurrent.futures import ThreadPoolExecutor
 
             with ThreadPoolExecutor(1, thread_name_prefix="ftready-tokenize") as pool:
+                submit = pool.submit if self._backend() is not None else _now  # transformers' own call: here
                 waiting = None  # (batch, future of its tokenizations)
                 for batch in self._spliced_batches(pairs):
-                    backend = self._backend()
-                    submit = pool.submit if backend is not None else _now  # transformers' own call: here
                     # without offsets where the widths give them (after the first batch checked them)
-                    quick = (self.widths is not None and self._tiling_checked and not self.add_special
-                             and self.train_on != "all" and hasattr(backend, "encode_batch_fast"))  # tokenizers 0.20.2+
+                    quick = self.widths is not None and self._tiling_checked
                     future = submit(self._tokenize_both, [text for _, _, (text, _, _) in batch], quick)
                     if waiting is not None:
                         self._encode_spliced(pairs, *waiting, out)
@@ -210,7 +211,7 @@ class Encoder:
         them are ``quick``: the ASCII texts' when asked, tokenized without offsets (the backend's
         ``encode_batch_fast``; their offsets are read from the widths, data/tiling.py)."""
         backend = self._backend()
-        if quick and hasattr(backend, "encode_batch_fast"):
+        if quick and hasattr(backend, "encode_batch_fast"):  # tokenizers 0.20.2+
             flags = [text.isascii() for text in texts]
             fast = iter(backend.encode_batch_fast([t for t, f in zip(texts, flags) if f], add_special_tokens=False))
             full = iter(backend.encode_batch([t for t, f in zip(texts, flags) if not f], add_special_tokens=False))
@@ -227,9 +228,8 @@ class Encoder:
         else:
             base = _readable(raw_base)
             final = base if raw_final is raw_base else _readable(raw_final)
-            # offsets are looked at for masks and verification only (not under train_on = "all"), and
             # only the backend's own encodings are read from the widths (not the tokenizer __call__'s)
-            if final is base and self.widths is not None and self.train_on != "all" and isinstance(base[0], _Encoding):
+            if self.widths is not None and isinstance(base[0], _Encoding):
                 self._tile(base, texts)
         for n, (k, chat, (text, generation, spans)) in enumerate(batch):
             out[k] = self._chat_labels(pairs[k][0], chat, text, generation, spans, dropped_tools(chat, text), base[n],

@@ -246,7 +246,7 @@ def test_a_tokenizers_without_encode_batch_fast_tokenizes_every_row_with_offsets
     assert enc._tiling_checked and enc.widths is not None and not quick
 
 
-def test_an_unknown_token_is_never_read_from_its_width(tokenizers):
+def test_an_unknown_token_is_never_read_from_its_width(tokenizers, monkeypatch):
     """A fused ``<unk>`` covers a run of any length: two runs can sum to a multiple of its text's
     width, so the total matches while the positions do not. Such rows go through their offsets."""
     tok = tokenizers["unknown-bytes"]
@@ -263,11 +263,8 @@ def test_an_unknown_token_is_never_read_from_its_width(tokenizers):
     rows.append(Row("t.jsonl", 10, {"messages": [{"role": "user", "content": "q\x01\x01\x01"},
                                                   {"role": "assistant", "content": "\x01" * 7 + " answer"}]}))
     pairs = _pairs(enc, rows)
-    encoding_module.BATCH_ROWS, batch_rows = 3, encoding_module.BATCH_ROWS  # the last row on the quick path
-    try:
-        assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
-    finally:
-        encoding_module.BATCH_ROWS = batch_rows
+    monkeypatch.setattr(encoding_module, "BATCH_ROWS", 3)  # the last row on the quick path
+    assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
     assert enc._tiling_checked and enc.widths is not None
 
 
