@@ -17,7 +17,6 @@ that trains user tokens, or leaves the end-of-turn token out, is caught either w
 from __future__ import annotations
 
 import bisect
-import itertools
 import operator
 import re
 from dataclasses import dataclass, replace
@@ -29,7 +28,7 @@ from .redaction import redact_pieces, row_values
 from .rendering import Renderer, generation_runs
 from .rows import Row
 from .skeleton import Splicer, opaque
-from .tiling import columns, holder, widths
+from .tiling import ASCII, UTF8, columns, holder, widths
 from .verify import IGNORE_INDEX, dropped_tools, runs, sequence_problems, verify_turns
 
 # Problems that make a row unusable for training (the engine leaves such rows out).
@@ -118,7 +117,9 @@ class Encoder:
         backend = self._backend() if self.splicer is not None else None
         self.widths = (widths(backend) if backend is not None and self.train_on != "all" and not self.add_special
                        else None)
-        self._tiling_checked = False
+        # each kind of text (tiling.ASCII, tiling.UTF8) is read from the widths once a batch's texts
+        # of that kind were checked against their offsets: False until then, None when they differed
+        self.tiling: dict[str, Optional[bool]] = {ASCII: False, UTF8: False}
 
     def _need_template(self) -> None:
         if not self.template:
@@ -178,9 +179,8 @@ class Encoder:
                 submit = pool.submit if self._backend() is not None else _now  # transformers' own call: here
                 waiting = None  # (batch, future of its tokenizations)
                 for batch in self._spliced_batches(pairs):
-                    # without offsets where the widths give them (after the first batch checked them)
-                    quick = self.widths is not None and self._tiling_checked
-                    future = submit(self._tokenize_both, [text for _, _, (text, _, _) in batch], quick)
+                    # without offsets where the widths give them (after a batch checked them)
+                    future = submit(self._tokenize_both, [text for _, _, (text, _, _) in batch], self._quick_kinds())
                     if waiting is not None:
                         self._encode_spliced(pairs, *waiting, out)
                     waiting = batch, future
@@ -206,13 +206,18 @@ class Encoder:
     def _render_marked(self, messages, tools):
         return self.renderer.render_marked(messages, tools=tools)
 
-    def _tokenize_both(self, texts: list[str], quick: bool = False) -> tuple[list, list, Optional[list[bool]]]:
+    def _quick_kinds(self) -> frozenset[str]:
+        """The kinds of text read from the widths, without offsets: those checked."""
+        return frozenset(kind for kind, state in self.tiling.items() if state) if self.widths is not None else frozenset()
+
+    def _tokenize_both(self, texts: list[str], quick: frozenset[str] = frozenset()) -> tuple[list, list,
+                                                                                              Optional[list[bool]]]:
         """Each text's tokenization without and with the tokenizer's special tokens, and which of
-        them are ``quick``: the ASCII texts' when asked, tokenized without offsets (the backend's
+        them are quick: the texts of the ``quick`` kinds, tokenized without offsets (the backend's
         ``encode_batch_fast``; their offsets are read from the widths, data/tiling.py)."""
         backend = self._backend()
         if quick and hasattr(backend, "encode_batch_fast"):  # tokenizers 0.20.2+
-            flags = [text.isascii() for text in texts]
+            flags = [self.widths.kind(text) in quick for text in texts]
             fast = iter(backend.encode_batch_fast([t for t, f in zip(texts, flags) if f], add_special_tokens=False))
             full = iter(backend.encode_batch([t for t, f in zip(texts, flags) if not f], add_special_tokens=False))
             base = [next(fast) if f else next(full) for f in flags]
@@ -230,27 +235,36 @@ class Encoder:
             final = base if raw_final is raw_base else _readable(raw_final)
             # only the backend's own encodings are read from the widths (not the tokenizer __call__'s)
             if self.widths is not None and isinstance(base[0], _Encoding):
-                self._tile(base, texts)
+                self._tile(base, texts, [True] * len(base))
         for n, (k, chat, (text, generation, spans)) in enumerate(batch):
             out[k] = self._chat_labels(pairs[k][0], chat, text, generation, spans, dropped_tools(chat, text), base[n],
                                        final[n], False)
 
-    def _tile(self, encodings: list, texts: list[str]) -> None:
-        """Give the encodings whose tokens tile their text their ``columns``. Until a batch had
-        some, each is checked against the offsets themselves: one that differs and this encoder
-        never reads widths again (its tokenizer is not what ``tiling`` reads it as)."""
-        found = [columns(self.widths, text, e.input_ids) for e, text in zip(encodings, texts)]
-        if not self._tiling_checked:
-            if any(c is not None and list(zip(*c)) != e.offset_mapping for c, e in zip(found, encodings)):
-                self.widths = None
-                return
-            self._tiling_checked = any(c is not None for c in found)
-        for c, e in zip(found, encodings):
-            e.columns = c
+    def _tile(self, encodings: list, texts: list[str], chosen: list[bool]) -> None:
+        """Give the ``chosen`` encodings (with offsets) whose tokens tile their text their
+        ``columns``. Until a batch had some of a kind of text, each of that kind is checked against
+        the offsets themselves: one that differs and this encoder never reads that kind from the
+        widths again (its tokenizer is not what ``tiling`` reads it as)."""
+        found = {}
+        for n, (e, text, flag) in enumerate(zip(encodings, texts, chosen)):
+            kind = self.widths.kind(text) if flag else None
+            if kind is not None and self.tiling[kind] is not None:
+                found[n] = kind, columns(self.widths, text, e.input_ids)
+        for kind, state in self.tiling.items():
+            if state is False:  # not checked yet
+                mine = [(n, c) for n, (k, c) in found.items() if k == kind and c is not None]
+                if any(list(zip(*c)) != encodings[n].offset_mapping for n, c in mine):
+                    self.tiling[kind] = None
+                elif mine:
+                    self.tiling[kind] = True
+        for n, (kind, c) in found.items():
+            if self.tiling[kind] is not None:
+                encodings[n].columns = c
 
     def _read_quick(self, encodings: list, texts: list[str], quick: list[bool]) -> list:
         """The batch's tokenizations, those without offsets (``quick``) given their columns from the
-        widths; one whose tokens do not tile its text is tokenized again, with offsets."""
+        widths; one whose tokens do not tile its text is tokenized again, with offsets. The others
+        are read from the widths, or checked against them, as ``_tile`` does."""
         out = []
         for e, text, flag in zip(encodings, texts, quick):
             if not flag:
@@ -260,6 +274,8 @@ class Encoder:
             found = columns(self.widths, text, ids)
             out.append(_Encoding(e, ids, found) if found is not None
                        else _readable(self._tokenize_many([text], False))[0])
+        if not all(quick):
+            self._tile(out, texts, [not flag for flag in quick])
         return out
 
     def _backend(self):
@@ -342,15 +358,15 @@ class Encoder:
         # (data/tiling.py), else one look at the offsets for every use
         columns = None if self.train_on == "all" else (getattr(final, "columns", None)
                                                         or _in_order(final["offset_mapping"]))
-        blocks = (self._marker_blocks(chat, base, problems, generation, columns if final is base else None)
-                  if self.markers else None)
+        columns_base = columns if final is base else None
+        blocks = self._marker_blocks(chat, base, problems, generation, columns_base) if self.markers else None
         trained_runs = None  # runs(trained), where known without looking
         if self.train_on == "all":
             trained = [True] * len(ids)
         else:
             zero = None
             if blocks is not None and final is base:
-                zero = [] if columns is not None else _zero_width(final["offset_mapping"])
+                zero = _zero_width(final["offset_mapping"] if columns is None else None, columns)
             if zero is not None:  # the blocks' own tokens, in order: the flags are the blocks
                 trained = _block_flags(len(ids), blocks, zero)
                 # with no zero-width token the flags are the blocks, and the blocks are runs of the mask
@@ -358,8 +374,7 @@ class Encoder:
                 trained_runs = None if zero else blocks
             else:
                 if blocks is not None:  # each marked token's characters, mapped onto the final tokens
-                    base_offsets = base["offset_mapping"]
-                    spans = [tuple(o) for start, end in blocks for o in base_offsets[start:end] if o[1] > o[0]]
+                    spans = _block_spans(blocks, base["offset_mapping"] if columns_base is None else None, columns_base)
                 trained = (_flags_in_order(columns[0], len(ids), spans) if columns is not None
                            else _trained_flags(final["offset_mapping"], spans))
             if self.chat_method == CHAT_METHODS[1]:
@@ -553,24 +568,51 @@ def _flags_in_order(starts, n: int, spans) -> list[bool]:
 
 
 def _in_order(offsets) -> Optional[tuple[list[int], list[int]]]:
-    """The tokens' (starts, ends) when every token has characters and starts at or after the
-    end of the one before (the usual case), else None; checked without a Python loop per token:
-    start, end, start, end... never go back (one sort of an already sorted list), and no start
-    equals its end."""
-    flat = list(itertools.chain.from_iterable(offsets))
-    if flat != sorted(flat):
-        return None
-    starts, ends = flat[0::2], flat[1::2]
-    return None if any(map(operator.eq, starts, ends)) else (starts, ends)
+    """The tokens' (starts, ends) when every token has characters and neither starts nor ends
+    go back (the usual case; two tokens may share a character, as byte-level tokens splitting
+    one of several bytes do), else None; checked without a Python loop per token."""
+    starts, ends = (list(column) for column in zip(*offsets)) if len(offsets) else ([], [])
+    if (all(map(operator.lt, starts, ends)) and all(map(operator.le, starts[:-1], starts[1:]))
+            and all(map(operator.le, ends[:-1], ends[1:]))):
+        return starts, ends
+    return None
+
+
+def _apart(columns: tuple[list[int], list[int]]) -> bool:
+    """No token of ``columns`` (``_in_order``'s) starts before the one before it ends."""
+    starts, ends = columns
+    return all(map(operator.le, ends[:-1], starts[1:]))
+
+
+def _block_spans(blocks, offsets, columns=None) -> list[tuple[int, int]]:
+    """The character spans of the tokens of ``blocks`` (token runs) that have characters: the
+    spans ``_trained_flags`` maps onto other tokens. ``columns``: ``_in_order(offsets)``, when the
+    caller has it (``offsets`` may then be None); a block whose tokens leave no character between
+    them is then one span, from its first token's start to its last one's end, which covers the
+    same characters as its tokens' spans among the others' (the running start and end never go back)."""
+    if columns is None:
+        return [tuple(o) for start, end in blocks for o in offsets[start:end] if o[1] > o[0]]
+    starts, ends = columns
+    spans: list[tuple[int, int]] = []
+    for start, end in blocks:
+        if end <= start:
+            continue
+        if all(map(operator.le, starts[start + 1:end], ends[start:end - 1])):
+            spans.append((starts[start], ends[end - 1]))
+        else:
+            spans += zip(starts[start:end], ends[start:end])
+    return spans
 
 
 def _zero_width(offsets, columns=None) -> Optional[list[int]]:
     """The indices of the tokens without characters, or None when the other tokens overlap or
     go back. When None is not returned, a token trains exactly when it is in a marked block and
     has characters (what ``_trained_flags`` of the block tokens' spans gives). ``columns``:
-    ``_in_order(offsets)``, when the caller has it."""
-    if columns is not None or _in_order(offsets) is not None:
-        return []  # the usual case
+    ``_in_order(offsets)``, when the caller has it (``offsets`` may then be None)."""
+    if columns is None:
+        columns = _in_order(offsets)
+    if columns is not None:  # every token has characters: none, or some overlap
+        return [] if _apart(columns) else None
     zero, end = [], -1
     for k, (a, b) in enumerate(offsets):
         if b <= a:

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_ftready.data import rendering
-from pytest_ftready.data.encoding import Encoder, _block_flags, _in_order, _trained_flags, _zero_width
+from pytest_ftready.data.encoding import (Encoder, _block_flags, _block_spans, _flags_in_order, _in_order,
+                                          _trained_flags, _zero_width)
 from pytest_ftready.data.layouts import row_problems
 from pytest_ftready.data.rendering import Renderer, _overlap_mask, generation_mask
 from pytest_ftready.data.rows import Row
@@ -182,7 +183,19 @@ def defined_flags(offsets, spans):
 span = st.tuples(st.integers(0, 30), st.integers(0, 30))
 in_order = st.lists(st.integers(0, 3), max_size=30).map(
     lambda gaps: [(sum(gaps[:i]) + i, sum(gaps[:i]) + i + 1 + (gaps[i] % 2)) for i in range(len(gaps))])
-offsets_st = st.one_of(st.lists(span, max_size=30), in_order)
+# starts and ends that never go back, every token with characters: apart, touching, sharing characters
+# (byte-level tokens splitting a character of several bytes) or leaving some between them
+def _never_back(steps):
+    out, start, end = [], 0, 0
+    for step, width in steps:
+        start += step
+        end = max(end, start + width)
+        out.append((start, end))
+    return out
+
+
+never_back = st.lists(st.tuples(st.integers(0, 2), st.integers(1, 3)), max_size=30).map(_never_back)
+offsets_st = st.one_of(st.lists(span, max_size=30), in_order, never_back)
 
 
 @settings(max_examples=400, deadline=None, database=None)
@@ -215,17 +228,21 @@ def test_block_flags_are_the_flags_of_the_block_tokens(offsets, marked):
 @settings(max_examples=400, deadline=None, database=None)
 @given(offsets_st, st.lists(span, max_size=6))
 def test_offsets_in_order_are_found_as_defined_and_change_nothing_where_passed(offsets, spans):
-    """``_in_order``: every token has characters and none starts before the previous one ends;
-    the masks and the verification given its columns judge as they do checking the offsets themselves."""
+    """``_in_order``: every token has characters and neither starts nor ends go back (tokens may
+    share characters); the masks, the flags and the verification given its columns judge as they
+    do checking the offsets themselves."""
     defined = (all(a < b for a, b in offsets)
-               and all(offsets[k][1] <= offsets[k + 1][0] for k in range(len(offsets) - 1)))
+               and all(offsets[k][0] <= offsets[k + 1][0] and offsets[k][1] <= offsets[k + 1][1]
+                       for k in range(len(offsets) - 1)))
     columns = _in_order(offsets)
     assert (columns is not None) == defined
     if columns is None:
         return
     assert columns == ([a for a, _ in offsets], [b for _, b in offsets])
     assert _overlap_mask(offsets, sorted(spans), columns) == _overlap_mask(offsets, sorted(spans))
-    assert _zero_width(offsets, columns) == _zero_width(offsets) == []
+    apart = all(offsets[k][1] <= offsets[k + 1][0] for k in range(len(offsets) - 1))
+    assert _zero_width(None, columns) == _zero_width(offsets) == ([] if apart else None)
+    assert _flags_in_order(columns[0], len(offsets), spans) == _trained_flags(offsets, spans)
     text = "".join(chr(97 + k % 26) for k in range(max((b for _, b in offsets), default=0)))
     chat = SimpleNamespace(messages=[{"role": "user", "content": text[a:b]} for a, b in spans if b > a]
                            + [{"role": "assistant", "content": text[-3:]}])
@@ -234,6 +251,20 @@ def test_offsets_in_order_are_found_as_defined_and_change_nothing_where_passed(o
     for trained in ([True] * len(offsets), [k % 3 == 0 for k in range(len(offsets))]):
         assert (verify_turns(chat, text, offsets, trained, "assistant", columns[0])
                 == verify_turns(chat, text, offsets, trained, "assistant"))
+
+
+@settings(max_examples=400, deadline=None, database=None)
+@given(offsets_st, st.lists(st.booleans(), max_size=30))
+def test_a_marked_block_is_one_span_where_its_tokens_leave_no_character_out(offsets, marked):
+    """The spans of marked blocks read from columns (a block without characters left out between
+    its tokens as one span) flag the same tokens as every marked token's own span."""
+    columns = _in_order(offsets)
+    if columns is None:
+        return
+    blocks = runs((marked + [False] * len(offsets))[: len(offsets)])
+    assert _block_spans(blocks, offsets) == [o for i, j in blocks for o in offsets[i:j]]
+    assert (_flags_in_order(columns[0], len(offsets), _block_spans(blocks, None, columns))
+            == _trained_flags(offsets, _block_spans(blocks, offsets)))
 
 
 def _defined_runs(flags):

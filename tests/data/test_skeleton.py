@@ -183,7 +183,7 @@ def test_a_pass_over_a_generated_corpus_is_the_same_spliced_or_row_by_row(tmp_pa
     plan = Plan(format="messages", train_on="assistant")
     one, other = (run_pass([path], plan, encoder=e, chunk_bytes=65536) for e in (spliced, row_by_row))
     assert one.encoded == 1500 and one.problems and len(spliced.splicer.skeletons) > 1
-    assert spliced.widths is not None and spliced._tiling_checked  # the ASCII rows' offsets were read from their widths
+    assert spliced.widths is not None and spliced.tiling["ascii"]  # the ASCII rows' offsets were read from their widths
     for name in ("problems", "bad", "bad_count", "full_lengths", "lengths", "fingerprint", "head",
                  "with_problems", "first_trainable", "layouts", "methods"):
         assert getattr(one, name) == getattr(other, name), name

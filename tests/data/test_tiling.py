@@ -89,7 +89,8 @@ def test_byte_level_pipelines_are_read_as_tiling_and_others_refused(tokenizers):
         table = tiling.widths(tok._tokenizer)
         assert (table is not None) == (name in READ_AS_TILING), name
         if table is not None:
-            assert table[tok.convert_tokens_to_ids("<|im_end|>")] == len("<|im_end|>")
+            assert table.table[tok.convert_tokens_to_ids("<|im_end|>")] == len("<|im_end|>")
+            assert table.forms == (("NFC",) if name == "llama3-style" else ())
 
 
 def test_a_refused_pipeline_does_not_tile_ascii_text(tokenizers):
@@ -99,7 +100,9 @@ def test_a_refused_pipeline_does_not_tile_ascii_text(tokenizers):
     assert _in_order(encoding.offsets) is None
 
 
-TEXT = st.lists(st.one_of(st.sampled_from(list("ab xyz019\t\n.,!'-") + ["  ", "\n\n", "é", "中", "😀", "ﬁ"]),
+DECOMPOSED = "e\u0301"  # é as e and a combining accent: NFC composes it, so the llama3-style text changes
+TEXT = st.lists(st.one_of(st.sampled_from(list("ab xyz019\t\n.,!'-") + ["  ", "\n\n", "é", "中", "😀", "ﬁ", "’",
+                                                                        "👍🏽", "Ж", DECOMPOSED]),
                           st.sampled_from(list(SPECIAL_TOKENS))), max_size=40).map("".join)
 
 
@@ -112,8 +115,9 @@ def test_a_tiling_claim_holds_against_the_offsets(tokenizers, name, text):
     fast = backend.encode_batch_fast([text], add_special_tokens=False)[0]
     assert fast.ids == encoding.ids  # the tokens without offsets are the same tokens
     found = tiling.columns(tiling.widths(backend), text, fast.ids)
-    # every ASCII text of these tokenizers is read from its widths, but where the unknown token stands
-    assert (found is not None) == (text.isascii() and "<unk>" not in text)
+    # every text of these tokenizers is read from its widths, but where the unknown token stands or
+    # the normalizer would change it
+    assert (found is not None) == ("<unk>" not in text and not (name == "llama3-style" and DECOMPOSED in text))
     if found is not None:
         assert list(zip(*found)) == encoding.offsets and _in_order(encoding.offsets) is not None
         for x in range(-1, len(text) + 2):  # the token holding each character, bounds included
@@ -145,7 +149,9 @@ def test_generation_runs_are_the_runs_of_the_mask(tokenizers, text, cuts):
 def _rows():
     extra = [{"messages": [{"role": "user", "content": "tabs\tand  two  spaces\n\nhere "},
                            {"role": "assistant", "content": "  lead and trail  "}]},
-             {"messages": [{"role": "user", "content": "café über 中文"}, {"role": "assistant", "content": "très 😀"}]}]
+             {"messages": [{"role": "user", "content": "café über 中文"}, {"role": "assistant", "content": "très 😀"}]},
+             {"messages": [{"role": "user", "content": "Как дела? 👍🏽"}, {"role": "assistant", "content": "Хорошо’ ﬁne"}]},
+             {"messages": [{"role": "user", "content": f"caf{DECOMPOSED}"}, {"role": "assistant", "content": "ok"}]}]
     return [Row("t.jsonl", k + 1, data) for k, data in enumerate(ROWS + extra)]
 
 
@@ -174,16 +180,20 @@ def test_encode_many_equals_row_by_row_whatever_the_pipeline(tokenizers, name, t
     read, quick = [], []
     monkeypatch.setattr(encoding_module, "columns", lambda *a: read.append(tiling.columns(*a)) or read[-1])
     read_quick = Encoder._read_quick
-    monkeypatch.setattr(Encoder, "_read_quick", lambda self, e, t, q: quick.extend(q) or read_quick(self, e, t, q))
+    monkeypatch.setattr(Encoder, "_read_quick", lambda self, e, t, q: quick.extend(zip(t, q)) or read_quick(self, e, t, q))
     monkeypatch.setattr(encoding_module, "BATCH_ROWS", 3)  # many batches: each tokenized while the one before is labelled
     enc = _encoder(tokenizers[name], train_on, max_length, add_special, template)
     pairs = _pairs(enc, _rows() * 3)
     assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
     # the widths were read where they apply (byte-level pipelines, no special tokens added), and only there;
-    # after the first batches checked them, the ASCII rows were tokenized without offsets, the others with
+    # after the first batches checked them, the rows were tokenized without offsets, ASCII or not, but
+    # for a text the normalizer would change
     applies = name in READ_AS_TILING and not add_special and train_on != "all"
     assert any(c is not None for c in read) == applies
-    assert (True in quick, False in quick) == (applies, applies)
+    assert any(flag for _, flag in quick) == applies
+    if applies:
+        assert any(flag and not text.isascii() for text, flag in quick)
+        assert not any(flag and DECOMPOSED in text for text, flag in quick) == (name == "llama3-style")
 
 
 def test_a_backend_left_padding_after_the_encoder_was_built_goes_through_the_tokenizers_call(tokenizers):
@@ -205,20 +215,33 @@ def test_the_first_batch_checks_the_claim(tokenizers, monkeypatch):
     assert enc.widths is not None
     pairs = _pairs(enc, _rows())
     assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
-    assert enc.widths is None and not enc._tiling_checked
+    assert enc.tiling == {tiling.ASCII: None, tiling.UTF8: None} and not enc._quick_kinds()
 
 
-def test_the_claim_is_not_taken_as_checked_before_a_batch_had_one(tokenizers):
-    """A first batch with no text read from its widths (none ASCII) checks nothing: the next does."""
+def test_each_kind_of_text_is_checked_by_the_first_batch_that_has_some(tokenizers):
+    """A first batch with no ASCII text checks the other texts only: ASCII ones are checked by the
+    next batch that has one; a kind whose claim the offsets deny is never read from widths again."""
     enc = _encoder(tokenizers["gpt2-style"])
     backend = enc.tok._tokenizer
-    texts = ["café", "中文 here"]
-    enc._tile([encoding_module._Encoding(e) for e in backend.encode_batch(texts, add_special_tokens=False)], texts)
-    assert enc.widths is not None and not enc._tiling_checked
+
+    def tile(texts, chosen=None):
+        encodings = [encoding_module._Encoding(e) for e in backend.encode_batch(texts, add_special_tokens=False)]
+        enc._tile(encodings, texts, chosen or [True] * len(texts))
+        return encodings
+
+    encodings = tile(["café", "中文 here"])
+    assert enc.tiling == {tiling.ASCII: False, tiling.UTF8: True} and enc._quick_kinds() == {tiling.UTF8}
+    assert all(e.columns is not None for e in encodings)
+    encodings = tile(["plain ascii", "über"], [True, False])  # the second has its columns already (quick)
+    assert enc.tiling == {tiling.ASCII: True, tiling.UTF8: True}
+    assert encodings[0].columns is not None and encodings[1].columns is None
+    other = _encoder(tokenizers["gpt2-style"])
     texts = ["plain ascii", "über"]
     encodings = [encoding_module._Encoding(e) for e in backend.encode_batch(texts, add_special_tokens=False)]
-    enc._tile(encodings, texts)
-    assert enc._tiling_checked and encodings[0].columns is not None and encodings[1].columns is None
+    encodings[1]._offsets = [(a, b + 1) for a, b in encodings[1].offset_mapping]  # what the widths cannot give
+    other._tile(encodings, texts, [True, True])
+    assert other.tiling == {tiling.ASCII: True, tiling.UTF8: None} and other._quick_kinds() == {tiling.ASCII}
+    assert encodings[0].columns is not None and encodings[1].columns is None
 
 
 def test_a_tokenizers_without_encode_batch_fast_tokenizes_every_row_with_offsets(tokenizers, monkeypatch):
@@ -243,7 +266,7 @@ def test_a_tokenizers_without_encode_batch_fast_tokenizes_every_row_with_offsets
     read_quick = enc._read_quick
     monkeypatch.setattr(enc, "_read_quick", lambda *a: quick.append(a) or read_quick(*a))
     assert enc.encode_many(pairs) == expected
-    assert enc._tiling_checked and enc.widths is not None and not quick
+    assert enc.tiling[tiling.ASCII] and enc.widths is not None and not quick
 
 
 def test_an_unknown_token_is_never_read_from_its_width(tokenizers, monkeypatch):
@@ -255,8 +278,8 @@ def test_an_unknown_token_is_never_read_from_its_width(tokenizers, monkeypatch):
     encoding = backend.encode(text, add_special_tokens=False)
     unk = tok.convert_tokens_to_ids("<unk>")
     assert encoding.ids.count(unk) == 2 and sum(b - a for a, b in encoding.offsets) == len(text)
-    assert tiling.widths(backend)[unk] == tiling.NO_WIDTH and tiling.columns(tiling.widths(backend), text,
-                                                                            encoding.ids) is None
+    assert tiling.widths(backend).table[unk] == tiling.NO_WIDTH and tiling.columns(tiling.widths(backend), text,
+                                                                                  encoding.ids) is None
     enc = _encoder(tok)
     rows = [Row("t.jsonl", k + 1, {"messages": [{"role": "user", "content": f"hi {k}"},
                                                 {"role": "assistant", "content": f"hello {k}"}]}) for k in range(9)]
@@ -265,7 +288,7 @@ def test_an_unknown_token_is_never_read_from_its_width(tokenizers, monkeypatch):
     pairs = _pairs(enc, rows)
     monkeypatch.setattr(encoding_module, "BATCH_ROWS", 3)  # the last row on the quick path
     assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
-    assert enc._tiling_checked and enc.widths is not None
+    assert enc.tiling[tiling.ASCII] and enc.widths is not None
 
 
 def test_an_empty_generation_block_at_the_start_reads_the_same_either_way(tokenizers):
@@ -283,3 +306,29 @@ def test_an_empty_generation_block_at_the_start_reads_the_same_either_way(tokeni
     expected = generation_runs(with_offsets, spans, _in_order(with_offsets.offset_mapping))
     assert generation_runs(_Encoding(fast, fast.ids, found), spans, found) == expected
     assert generation_runs(with_offsets, spans) == expected
+
+
+def test_an_added_token_is_read_from_its_width_only_where_its_text_is_what_is_matched(tokenizers, monkeypatch):
+    """A normalized added token is matched in the normalized text: "ﬁ" (3 bytes) as "fi" (2), "ǆ"
+    (2) as "dž" (3); two such errors cancel in the sum while the positions go wrong. And an added
+    token that takes the id of a byte character ("é") would have two widths. Neither is read from
+    its width: such rows go through their offsets, with the results of the row-by-row way."""
+    from tokenizers import AddedToken, normalizers
+
+    tok = variant(build_tokenizer(), normalizer=normalizers.NFKC())
+    tok.add_tokens([AddedToken("ﬁ", normalized=True), AddedToken("ǆ", normalized=True), AddedToken("é")])
+    backend = tok._tokenizer
+    table = tiling.widths(backend)
+    assert [table.table[tok.convert_tokens_to_ids(t)] for t in ("ﬁ", "ǆ", "é")] == [tiling.NO_WIDTH] * 3
+    text = "fi dž"
+    encoding = backend.encode(text, add_special_tokens=False)
+    assert len(encoding.ids) == 3 and tiling.columns(table, text, encoding.ids) is None
+    enc = _encoder(tok)
+    rows = [Row("t.jsonl", k + 1, {"messages": [{"role": "user", "content": "Как дела?"},
+                                                {"role": "assistant", "content": "Хорошо"}]}) for k in range(3)]
+    rows += [Row("t.jsonl", 4 + k, {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]})
+             for k, (user, answer) in enumerate([("ok fi", "dž yes"), ("fi fi", "dž dž"), ("dž", "fi"), ("é 長", "é")])]
+    pairs = _pairs(enc, rows)
+    monkeypatch.setattr(encoding_module, "BATCH_ROWS", 3)  # the Cyrillic batch checks the claim, the rest read quick
+    assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
+    assert enc.tiling[tiling.UTF8]
