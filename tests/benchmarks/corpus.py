@@ -1,7 +1,10 @@
 """A large generated chat JSONL for the scale benchmarks: ~600 characters a row of ordinary
 chat text (words, numbers, dates, versions, code-ish punctuation), with every planted kind of
 tests/planted.py sprinkled in, the decoys, and secrets hidden behind JSON escapes (a PEM block
-whose newlines are ``\\n``, an e-mail whose ``@`` is ``\\u0040``). Deterministic for a seed."""
+whose newlines are ``\\n``, an e-mail whose ``@`` is ``\\u0040``). Deterministic for a seed.
+``text`` writes the ordinary rows' contents in another script: ``ascii`` (as generated),
+``typographic`` (curly quotes and apostrophes, dashes, ellipses: English as editors write it)
+or ``cyrillic`` (every Latin letter as a Cyrillic one: two UTF-8 bytes each)."""
 
 from __future__ import annotations
 
@@ -30,6 +33,12 @@ ESCAPED = [
     '{"role": "assistant", "content": "Done."}]}',
 ]
 ESCAPED_KINDS = ("private_key", "email")
+TEXTS = {
+    "ascii": None,
+    "typographic": str.maketrans({"'": "\u2019", '"': "\u201d", "-": "\u2013", ";": "\u2026"}),
+    "cyrillic": str.maketrans("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
+                              "абцдефгхийклмнопярстуввхызАБЦДЕФГХИЙКЛМНОПЯРСТУВВХЫЗ"),
+}
 
 
 def _filler(rng: random.Random, chars: int) -> str:
@@ -42,9 +51,10 @@ def _filler(rng: random.Random, chars: int) -> str:
     return " ".join(out)
 
 
-def write_corpus(path: Path, rows: int, seed: int = 11, plant_every: int = 500) -> dict:
+def write_corpus(path: Path, rows: int, seed: int = 11, plant_every: int = 500, text: str = "ascii") -> dict:
     """Write ``rows`` JSONL rows to ``path``; every ``plant_every``-th row carries a planted
     value, a decoy or an escaped secret. Returns {"rows", "bytes", "planted": {kind: count}}."""
+    table = TEXTS[text]
     rng = random.Random(seed)
     base = example_rows(300, seed=5)
     plants = planted.rows()
@@ -66,13 +76,15 @@ def write_corpus(path: Path, rows: int, seed: int = 11, plant_every: int = 500) 
             else:
                 chat = [dict(m) for m in rng.choice(base)["messages"]]
                 chat[-1]["content"] += " " + _filler(rng, 480)
-                line = json.dumps({"messages": chat})
+                if table is not None:
+                    chat = [{**m, "content": m["content"].translate(table)} for m in chat]
+                line = json.dumps({"messages": chat}, ensure_ascii=table is None)  # UTF-8, as such files are
             handle.write(line + "\n")
-            size += len(line) + 1
+            size += len(line.encode("utf-8")) + 1
     return {"rows": rows, "bytes": size, "planted": counts}
 
 
-if __name__ == "__main__":  # python -m tests.benchmarks.corpus OUT.jsonl ROWS
+if __name__ == "__main__":  # python -m tests.benchmarks.corpus OUT.jsonl ROWS [ascii|typographic|cyrillic]
     import sys
 
-    print(write_corpus(Path(sys.argv[1]), int(sys.argv[2])))
+    print(write_corpus(Path(sys.argv[1]), int(sys.argv[2]), text=sys.argv[3] if len(sys.argv) > 3 else "ascii"))

@@ -3,7 +3,9 @@ chat JSONL of FTREADY_SCALE_ROWS rows (default 200k, ~140 MB; 1M rows ~700 MB do
 then the privacy scan, the manifest hash and the data checks (format, masking, lengths) over
 all of it. Rows/s, MB/s, peak RSS and the issue's ratios land in the benchmark JSON
 (``extra_info``); nothing asserts a time. Run:
-``FTREADY_SCALE_ROWS=1000000 pytest tests/benchmarks/test_scale.py -m scale --benchmark-json=scale.json``."""
+``FTREADY_SCALE_ROWS=1000000 pytest tests/benchmarks/test_scale.py -m scale --benchmark-json=scale.json``.
+FTREADY_SCALE_TEXT=typographic or cyrillic writes the rows' contents in those scripts
+(``tests/benchmarks/corpus.py``)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from pytest_ftready.data.passes import cpu_count
 from tests.benchmarks.corpus import write_corpus
 
 ROWS = int(os.environ.get("FTREADY_SCALE_ROWS", "200000"))
+TEXT = os.environ.get("FTREADY_SCALE_TEXT", "ascii")
 ALL = frozenset({"secrets", "pii"})
 pytestmark = [pytest.mark.scale, pytest.mark.timeout(4 * 3600)]  # a million rows take a while on one core
 
@@ -31,7 +34,7 @@ def _peak_rss_mb() -> float:
 @pytest.fixture(scope="module")
 def big_corpus(tmp_path_factory):
     path = tmp_path_factory.mktemp("scale") / "chat.jsonl"
-    return path, write_corpus(path, ROWS)
+    return path, write_corpus(path, ROWS, text=TEXT)
 
 
 @pytest.mark.benchmark(group="scale: privacy scan")
@@ -159,7 +162,7 @@ def test_data_checks_throughput(benchmark, big_corpus, corpus_recipe, tiny_model
     rows_per_s = ROWS / seconds
     if workers == 1:
         ONE_WORKER["rows_per_s"] = rows_per_s
-    benchmark.extra_info.update(rows=ROWS, workers=workers, rows_per_s=round(rows_per_s),
+    benchmark.extra_info.update(rows=ROWS, text=TEXT, workers=workers, rows_per_s=round(rows_per_s),
                                 mb_per_s=round(info["bytes"] / 1e6 / seconds, 2), peak_rss_mb=round(peak_mb),
                                 plain_template_rows_per_s=round(plain),
                                 ratio_vs_plain_template=round(rows_per_s / plain, 2),  # the issue's figure

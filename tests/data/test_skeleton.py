@@ -161,10 +161,12 @@ def test_fuzzed_contents_encode_many_is_encode(tokenizers, turns, name):  # noqa
     assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
 
 
-def test_a_pass_over_a_generated_corpus_is_the_same_spliced_or_row_by_row(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("text,rows", [("ascii", 1500), ("typographic", 300), ("cyrillic", 300)])
+def test_a_pass_over_a_generated_corpus_is_the_same_spliced_or_row_by_row(tmp_path, tiny_model_dir, text, rows):
     """The issue's proof in small: every problem, length and the fingerprint of every row's tokens
     and labels agree between the spliced and the row-by-row data pass (planted secrets, escaped
-    values and decoys included)."""
+    values and decoys included), whatever the script of the rows (the scale benchmark's
+    FTREADY_SCALE_TEXT)."""
     from types import SimpleNamespace
 
     from transformers import AutoTokenizer
@@ -175,15 +177,16 @@ def test_a_pass_over_a_generated_corpus_is_the_same_spliced_or_row_by_row(tmp_pa
     from tests.benchmarks.corpus import write_corpus
 
     path = tmp_path / "chat.jsonl"
-    write_corpus(path, 1500, plant_every=20)
+    write_corpus(path, rows, plant_every=20, text=text)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     data = SimpleNamespace(format="messages", train_on="assistant", max_length=128, add_special_tokens=False, roles={})
     spliced, row_by_row = (Encoder(tok, data, stop_token_ids(tok)) for _ in range(2))
     row_by_row.splicer = None
     plan = Plan(format="messages", train_on="assistant")
     one, other = (run_pass([path], plan, encoder=e, chunk_bytes=65536) for e in (spliced, row_by_row))
-    assert one.encoded == 1500 and one.problems and len(spliced.splicer.skeletons) > 1
-    assert spliced.widths is not None and spliced.tiling["ascii"]  # the ASCII rows' offsets were read from their widths
+    assert one.encoded == rows and one.problems and len(spliced.splicer.skeletons) > 1
+    # the rows' offsets were read from their widths: the ASCII ones, and the others where there are some
+    assert spliced.widths is not None and spliced.tiling["ascii"] and bool(spliced.tiling["utf-8"]) == (text != "ascii")
     for name in ("problems", "bad", "bad_count", "full_lengths", "lengths", "fingerprint", "head",
                  "with_problems", "first_trainable", "layouts", "methods"):
         assert getattr(one, name) == getattr(other, name), name

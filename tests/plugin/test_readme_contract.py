@@ -41,6 +41,7 @@ CONTRACT: dict[str, dict[str, str]] = {
         "FTREADY_ARTIFACTS": "test_settings_say_where_they_came_from_cli_over_env_over_ini",
         "FTREADY_BASELINE": "test_a_k_run_keeps_the_full_figures_as_the_baseline_and_a_doubled_micro_batch_fails",
         "FTREADY_SCALE_ROWS": "tests/benchmarks/test_scale.py::test_data_checks_throughput",
+        "FTREADY_SCALE_TEXT": "tests/data/test_skeleton.py::test_a_pass_over_a_generated_corpus_is_the_same_spliced_or_row_by_row",
         "FTREADY_FUZZ_SCALE": "tests/faults/test_fuzz.py::test_fuzzed_recipe_tables_give_a_recipe_or_one_line",
         "GITHUB_STEP_SUMMARY": "tests/outputs/test_summary.py::test_appended_only_where_github_step_summary_is_set",
     },
