@@ -211,13 +211,14 @@ class Encoder:
         return frozenset(kind for kind, state in self.tiling.items() if state) if self.widths is not None else frozenset()
 
     def _tokenize_both(self, texts: list[str], quick: frozenset[str] = frozenset()) -> tuple[list, list,
-                                                                                              Optional[list[bool]]]:
-        """Each text's tokenization without and with the tokenizer's special tokens, and which of
-        them are quick: the texts of the ``quick`` kinds, tokenized without offsets (the backend's
-        ``encode_batch_fast``; their offsets are read from the widths, data/tiling.py)."""
+                                                                                              Optional[list]]:
+        """Each text's tokenization without and with the tokenizer's special tokens, and each
+        text's kind where it is quick (else None): the texts of the ``quick`` kinds, tokenized
+        without offsets (the backend's ``encode_batch_fast``; their offsets are read from the
+        widths, data/tiling.py)."""
         backend = self._backend()
         if quick and hasattr(backend, "encode_batch_fast"):  # tokenizers 0.20.2+
-            flags = [self.widths.kind(text) in quick for text in texts]
+            flags = [kind if kind in quick else None for kind in map(self.widths.kind, texts)]
             fast = iter(backend.encode_batch_fast([t for t, f in zip(texts, flags) if f], add_special_tokens=False))
             full = iter(backend.encode_batch([t for t, f in zip(texts, flags) if not f], add_special_tokens=False))
             base = [next(fast) if f else next(full) for f in flags]
@@ -249,7 +250,7 @@ class Encoder:
         for n, (e, text, flag) in enumerate(zip(encodings, texts, chosen)):
             kind = self.widths.kind(text) if flag else None
             if kind is not None and self.tiling[kind] is not None:
-                found[n] = kind, columns(self.widths, text, e.input_ids)
+                found[n] = kind, columns(self.widths, text, e.input_ids, kind)
         for kind, state in self.tiling.items():
             if state is False:  # not checked yet
                 mine = [(n, c) for n, (k, c) in found.items() if k == kind and c is not None]
@@ -261,21 +262,22 @@ class Encoder:
             if self.tiling[kind] is not None:
                 encodings[n].columns = c
 
-    def _read_quick(self, encodings: list, texts: list[str], quick: list[bool]) -> list:
-        """The batch's tokenizations, those without offsets (``quick``) given their columns from the
-        widths; one whose tokens do not tile its text is tokenized again, with offsets. The others
-        are read from the widths, or checked against them, as ``_tile`` does."""
+    def _read_quick(self, encodings: list, texts: list[str], quick: list) -> list:
+        """The batch's tokenizations, those without offsets (``quick``: their kind, None for the
+        others) given their columns from the widths; one whose tokens do not tile its text is
+        tokenized again, with offsets. The others are read from the widths, or checked against
+        them, as ``_tile`` does."""
         out = []
-        for e, text, flag in zip(encodings, texts, quick):
-            if not flag:
+        for e, text, kind in zip(encodings, texts, quick):
+            if kind is None:
                 out.append(_Encoding(e))
                 continue
             ids = e.ids
-            found = columns(self.widths, text, ids)
+            found = columns(self.widths, text, ids, kind)
             out.append(_Encoding(e, ids, found) if found is not None
                        else _readable(self._tokenize_many([text], False))[0])
-        if not all(quick):
-            self._tile(out, texts, [not flag for flag in quick])
+        if None in quick:
+            self._tile(out, texts, [kind is None for kind in quick])
         return out
 
     def _backend(self):

@@ -95,14 +95,16 @@ def widths(backend) -> Optional[Widths]:
     return Widths(table, forms)
 
 
-def columns(table: Optional[Widths], text: str, ids: list[int]) -> Optional[tuple[list[int], list[int]]]:
+def columns(table: Optional[Widths], text: str, ids: list[int],
+            kind: Optional[str] = None) -> Optional[tuple[list[int], list[int]]]:
     """The (starts, ends) in characters of the tokens ``ids`` of ``text`` when they tile it, read
     from their widths (``table``: ``widths`` of the tokenizer) without asking the backend for an
     offset; else None. Starts and ends never go back; two tokens share a character whose bytes
-    they split."""
+    they split. ``kind``: ``table.kind(text)``, when the caller has it."""
     if table is None:
         return None
-    kind = table.kind(text)
+    if kind is None:
+        kind = table.kind(text)
     if kind == ASCII:
         try:
             ends = list(itertools.accumulate(map(table.table.__getitem__, ids)))
