@@ -10,10 +10,9 @@ import pytest
 from .checks.registry import CheckSpec, all_checks
 from .kinds import thresholds
 from .outcomes import OUTCOME_RANK, Fail, Skip, out_of_memory
-from .recipe.schema import RecipeError, _did_you_mean, load_recipe
+from .recipe.schema import RecipeError, did_you_mean
 
-from .keys import REGRESSION_KEY, RUN_KEY  # noqa: E402  (defined there so the plugin imports this module lazily)
-COLLECTED_KEY = pytest.StashKey[list]()  # every CheckItem collected, before -k/-m deselect any
+from .keys import COLLECTED_ITEMS_KEY, RUN_STATE_KEY
 
 
 def _check_function(request) -> None:
@@ -24,8 +23,9 @@ class RecipeFile(pytest.File):
     """A recipe.toml named by --ftready or the ftready ini key."""
 
     def collect(self):
+        run = self.config.stash[RUN_STATE_KEY]
         try:
-            recipe = load_recipe(self.path)
+            recipe = run.load(self.path)
         except RecipeError as exc:
             raise self.CollectError(str(exc)) from None
         specs = all_checks()
@@ -34,9 +34,8 @@ class RecipeFile(pytest.File):
             for check_id in getattr(recipe.checks, table_key):
                 if check_id not in known:
                     raise self.CollectError(str(RecipeError(self.path, f"[checks] {table_key} {check_id!r}",
-                                                            "unknown check" + _did_you_mean(check_id, sorted(known)))))
+                                                            "unknown check" + did_you_mean(check_id, sorted(known)))))
         timeout = self.config.pluginmanager.hasplugin("timeout")
-        run = self.config.stash[RUN_KEY]
         twin = next((s.recipe.source for s in run.recipes.values()
                      if s.recipe.name == recipe.name and s.recipe.source != recipe.source), None)
         if twin:
@@ -59,7 +58,7 @@ class RecipeFile(pytest.File):
             reason = recipe.checks.skip.get(spec.id) or (spec.applies(recipe) if spec.applies else None)
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
-            self.config.stash.setdefault(COLLECTED_KEY, []).append(item)
+            self.config.stash.setdefault(COLLECTED_ITEMS_KEY, []).append(item)
             yield item
 
 
@@ -99,7 +98,7 @@ class CheckItem(pytest.Function):
 
     @property
     def state(self):
-        return self.config.stash[RUN_KEY].recipe_state(self.recipe)
+        return self.config.stash[RUN_STATE_KEY].recipe_state(self.recipe)
 
     def reportinfo(self):
         return self.path, 0, f"{self.recipe.name}: {self.spec.id}"
@@ -158,7 +157,7 @@ class CheckItem(pytest.Function):
                 raise
             verdict = (pytest.fail, state.run.gate.text(f"out of memory in {self.spec.id} on {device.name}: {first} "
                                                         "(model.step_memory lists the levers that lower the peak)"))
-        regression = self.config.stash.get(REGRESSION_KEY, None)  # a figure worse than the baseline fails the check
+        regression = state.run.regression  # a figure worse than the baseline fails the check
         regressed = regression.judge(ctx.measured, thresholds(self.recipe.checks.max_regression)) if regression else ""
         if regressed and (verdict is None or verdict[0] is pytest.fail):
             verdict = (pytest.fail, f"{verdict[1]}\n{regressed}" if verdict else regressed)
@@ -184,7 +183,6 @@ def user_test_params(metafunc, run) -> list[tuple[str, object]] | None:
     """(id, param) pairs for a user test that uses the ftready fixtures: one per recipe it runs
     for (``ftready_recipes``) and per variant (``ftready_variants``); None when there is one
     recipe and no variant (nothing to parametrize)."""
-    from .recipe.schema import load_recipe
     from .recipe.variants import Variant, expand, matches
 
     paths = run.recipe_paths
@@ -196,7 +194,7 @@ def user_test_params(metafunc, run) -> list[tuple[str, object]] | None:
         if marker.args:
             raise ValueError(f"@pytest.mark.ftready_variants takes keyword lists (key=[values]), got {marker.args!r}")
         lists = {**marker.kwargs, **lists}  # the closest marker wins per key
-    recipes = [load_recipe(p) for p in paths]
+    recipes = [run.load(p) for p in paths]
     invocation = metafunc.config.invocation_params.dir
     if wanted:
         recipes = [r for r in recipes if any(matches(r, w, invocation) for w in wanted)]
@@ -232,11 +230,11 @@ def recipe_runs(config, selected: list) -> list:
     from .options import nightly_requested
     from .outputs.records import NIGHTLY_DEFAULT, NOT_SELECTED, CheckRow, RecipeRun
 
-    run = config.stash[RUN_KEY]
-    regression = config.stash.get(REGRESSION_KEY, None)
+    run = config.stash[RUN_STATE_KEY]
+    regression = run.regression
     chosen = {id(item) for item in selected}
     rows: dict = {}
-    for item in config.stash.get(COLLECTED_KEY, []):
+    for item in config.stash.get(COLLECTED_ITEMS_KEY, []):
         check_id = item.spec.id + (f"[{item.case}]" if item.case else "")
         if item.verdict is not None:
             row = CheckRow(check_id, item.spec.area, item.verdict[0], run.gate.text(item.verdict[1]))

@@ -15,7 +15,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     from .machine.targets import TargetError, resolve_target
     from .outcomes import Fail
     from .outputs.forecast_text import render
-    from .recipe.schema import RecipeError, load_recipe
+    from .recipe.schema import RecipeError
+    from .recipe import load_recipe
 
     parser = argparse.ArgumentParser(prog="ftready-forecast",
                                      description="forecast the peak memory of a recipe's training step from the "

@@ -1,9 +1,14 @@
-"""The stash keys the pytest face shares between its modules (a module of its own, so the plugin
-can name them at import time without importing what sits behind them: ``pytest --help`` stays fast)."""
+"""The stash keys of the pytest face, in one module named for what each holds (a module of its
+own, so the plugin can name them at import time without importing what sits behind them:
+``pytest --help`` stays fast)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-RUN_KEY = pytest.StashKey["RunState"]()
-REGRESSION_KEY = pytest.StashKey["Gate"]()  # outputs.regression.Gate, set only when a baseline is given
+RUN_STATE_KEY = pytest.StashKey["RunState"]()  # session.state.RunState: the one run-state object
+MISSING_RECIPES_KEY = pytest.StashKey[list[Path]]()  # recipes named on the command line that are not files
+NIGHTLY_DESELECTED_KEY = pytest.StashKey[list[str]]()  # the ids of the nightly checks this run deselected
+COLLECTED_ITEMS_KEY = pytest.StashKey[list]()  # every CheckItem collected, before -k/-m deselect any

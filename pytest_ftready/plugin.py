@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
 from . import hookspec, options
-from .keys import REGRESSION_KEY, RUN_KEY
+from .keys import MISSING_RECIPES_KEY, NIGHTLY_DESELECTED_KEY, RUN_STATE_KEY
 
 # Everything else is imported inside the hook that needs it: `pytest --help` with the plugin
 # stays within 1.1x of the time without it (issue 15).
@@ -25,8 +24,6 @@ MARKERS = {
         "fixture (model, dataset, step...) reflects the variant, built once per variant",
     "ftready_recipes(*names_or_paths)": "run the test only for these recipes (name, file name or path; default: all)",
 }
-MISSING_KEY = pytest.StashKey[list]()
-NIGHTLY_KEY = pytest.StashKey[list]()  # the ids of the nightly checks this run deselected
 
 
 def pytest_addhooks(pluginmanager) -> None:
@@ -44,7 +41,7 @@ def pytest_load_initial_conftests(early_config, parser, args) -> None:
     positional = list(getattr(early_config.known_args_namespace, "file_or_dir", []) or [])
     if setting.source.startswith("ini") and not positional:
         args.extend(early_config.getini("testpaths") or [])
-    early_config.stash[MISSING_KEY] = [p for p in setting.value if not p.is_file()]
+    early_config.stash[MISSING_RECIPES_KEY] = [p for p in setting.value if not p.is_file()]
     args.extend(str(p) for p in setting.value if p.is_file() and str(p) not in args)
 
 
@@ -63,7 +60,7 @@ def pytest_configure(config) -> None:
     if recipes.value and getattr(config.option, "numprocesses", None):
         raise pytest.UsageError("ftready: the checks of a recipe share one loaded model and run in order in one "
                                 "process; run them without -n (pytest-xdist), e.g. -n 0")
-    config.stash[RUN_KEY] = RunState(
+    config.stash[RUN_STATE_KEY] = RunState(
         artifacts_root=options.artifacts_root(config).value,
         machine_factory=lambda: _machine(config),
         recipe_paths=recipes.value,
@@ -105,37 +102,22 @@ def pytest_sessionstart(session) -> None:
         gate = options.regression_gate(session.config)
     except BaselineError as exc:
         raise pytest.UsageError(str(exc)) from None
-    if gate is not None:
-        session.config.stash[REGRESSION_KEY] = gate
+    run = session.config.stash.get(RUN_STATE_KEY, None)
+    if run is not None:
+        run.regression = gate
 
 
 def pytest_report_header(config) -> list[str]:
-    recipes = options.recipe_paths(config)
-    if not recipes.value:
+    run, recipes = config.stash.get(RUN_STATE_KEY, None), options.recipe_paths(config)
+    if run is None or not recipes.value:
         return []
-    names = ", ".join(str(p) for p in recipes.value)
-    return [f"ftready: recipes {names} (from {recipes.source}); artifacts {options.artifacts_root(config)}",
-            *_translation_lines(recipes.value)]
-
-
-# ---- trainer configs read as recipes (recipe/importers): the translation is shown ------
-def _translation_lines(paths) -> list[str]:
-    """For each TRL / Axolotl / LLaMA-Factory config: what became what, what is not checked."""
-    from .recipe.schema import RecipeError, load_recipe
-
-    lines = []
-    for path in paths:
-        if path.suffix.lower() in (".yaml", ".yml") and path.is_file():
-            try:
-                lines += load_recipe(path).origin.header_lines()
-            except RecipeError:
-                pass  # collection reports it as the recipe's error
-    return lines
+    return [f"ftready: recipes {', '.join(str(p) for p in recipes.value)} (from {recipes.source}); artifacts "
+            f"{options.artifacts_root(config)}", *run.header_lines()]
 
 
 def pytest_collection_finish(session) -> None:
     """Unchecked keys and caveats of imported configs become JUnit suite properties."""
-    run = session.config.stash.get(RUN_KEY, None)
+    run = session.config.stash.get(RUN_STATE_KEY, None)
     xml = next((p for p in session.config.pluginmanager.get_plugins() if hasattr(p, "add_global_property")), None)
     if run is None or xml is None:
         return
@@ -146,14 +128,14 @@ def pytest_collection_finish(session) -> None:
 
 
 def pytest_collection(session) -> None:
-    missing = session.config.stash.get(MISSING_KEY, [])
+    missing = session.config.stash.get(MISSING_RECIPES_KEY, [])
     if missing:
         raise pytest.UsageError(f"ftready: recipe {missing[0]} not found (from {options.recipe_paths(session.config).source}); "
                                 "pass --ftready=PATH to an existing recipe.toml")
 
 
 def pytest_collect_file(file_path: Path, parent):
-    run = parent.config.stash.get(RUN_KEY, None)
+    run = parent.config.stash.get(RUN_STATE_KEY, None)
     if run is not None and file_path.resolve() in run.recipe_paths:
         from .collect import RecipeFile
 
@@ -170,12 +152,12 @@ def pytest_collection_modifyitems(config, items) -> None:
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
-        config.stash[NIGHTLY_KEY] = sorted({item.spec.id for item in drop})
+        config.stash[NIGHTLY_DESELECTED_KEY] = sorted({item.spec.id for item in drop})
 
 
 def pytest_report_collectionfinish(config, items) -> list[str]:
     """Say which checks the default run left out, and why: "N deselected" alone reads like -k."""
-    dropped = config.stash.get(NIGHTLY_KEY, [])
+    dropped = config.stash.get(NIGHTLY_DESELECTED_KEY, [])
     if not dropped:
         return []
     return [f"ftready: nightly checks deselected ({', '.join(dropped)}): long-running; "
@@ -185,7 +167,7 @@ def pytest_report_collectionfinish(config, items) -> list[str]:
 def pytest_runtest_setup(item) -> None:
     """The accelerator marker on a user's own test: skipped, with the reason, where the machine
     does not meet it (a bare marker: any GPU; --ftready-cpu-short lets a bare one run on a CPU)."""
-    run = item.config.stash.get(RUN_KEY, None)
+    run = item.config.stash.get(RUN_STATE_KEY, None)
     marker = item.get_closest_marker("accelerator")
     if run is None or hasattr(item, "spec") or marker is None:
         return
@@ -207,7 +189,7 @@ def pytest_runtest_makereport(item, call):
     report = yield
     if report.skipped and hasattr(item, "spec") and isinstance(report.longrepr, tuple):
         report.longrepr = (str(item.path), None, report.longrepr[2])  # point at the recipe, not at plugin code
-    run = item.config.stash.get(RUN_KEY, None)
+    run = item.config.stash.get(RUN_STATE_KEY, None)
     if run is not None:  # what every reporter (terminal, JUnit, xdist) reads passes the gate
         run.gate.guard_report(report)
     if hasattr(item, "spec"):
@@ -216,62 +198,31 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_terminal_summary(terminalreporter, config) -> None:
-    from .outputs import measurements
-
-    run = config.stash.get(RUN_KEY, None)
-    if run and run.measurements:
-        terminalreporter.write_sep("-", "ftready measurements")
-        for line in run.gate.lines(measurements.summary_lines(run.measurements)):
+    run = config.stash.get(RUN_STATE_KEY, None)
+    for title, lines in run.summary(quiet=config.get_verbosity() < 0) if run is not None else ():
+        if title:
+            terminalreporter.write_sep("-", title)
+        for line in lines:
             terminalreporter.write_line(line)
-    if run and config.get_verbosity() < 0:  # -q hides the header: still say what was not checked
-        for state in run.recipes.values():
-            origin = state.recipe.origin
-            if origin is not None and (origin.not_checked or origin.caveats):
-                for line in origin.header_lines()[1:]:
-                    if " not checked " in line or " note: " in line:
-                        terminalreporter.write_line(line)
-    if REGRESSION_KEY in config.stash:
-        terminalreporter.write_line(config.stash[REGRESSION_KEY].summary())
 
 
 def pytest_sessionfinish(session) -> None:
-    run = session.config.stash.get(RUN_KEY, None)
+    run = session.config.stash.get(RUN_STATE_KEY, None)
     if run is None:
         return
     from .collect import recipe_runs
-    from .outputs import measurements, report, summary
 
-    from .files import remove_dead_scratch
-    from .outcomes import Fail
-
-    for state in [*run.recipes.values(), *run.variants.values()]:
-        if "scratch" in vars(state):  # this run's checkpoints and trained weights
-            shutil.rmtree(state.scratch, ignore_errors=True)
-        remove_dead_scratch(state.artifacts)  # and those of earlier runs killed before they could clean up
-    records = recipe_runs(session.config, getattr(session, "items", []))
-    reports = {}
-    gate = run.gate
-    for state, record in zip(run.recipes.values(), records):
-        try:
-            if record.ran() or record.measurements:  # --collect-only leaves the last run's figures alone
-                measurements.write_figures(state.artifacts, record.partial, record.measurements, state.series,
-                                           gate.write_json)
-            if record.ran():  # --collect-only, or a session stopped before any check: no report to replace
-                reports[record.name] = report.write_report(state.artifacts, record, write=gate.write)
-        except Fail as exc:
-            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-            if reporter is not None:
-                reporter.write_line(f"ftready {state.recipe.name}: {exc} (the run's artifacts are incomplete: "
-                                    "exit status 1 whatever the checks' outcomes)", red=True)
-            session.exitstatus = session.exitstatus or pytest.ExitCode.TESTS_FAILED
-    summary.append_step_summary([r for r in records if r.ran()], reports, gate=gate.text)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    warn = (lambda line: reporter.write_line(line, red=True)) if reporter is not None else (lambda line: None)
+    if run.finish(recipe_runs(session.config, getattr(session, "items", [])), warn):
+        session.exitstatus = session.exitstatus or pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_json(config, benchmarks, output_json) -> None:
     from .outputs import measurements
 
-    run = config.stash.get(RUN_KEY, None)
+    run = config.stash.get(RUN_STATE_KEY, None)
     if run is not None:
         output_json["ftready"] = measurements.measurements_payload(run.measurements)
         gated = run.gate.value(dict(output_json))  # extra_info of every benchmark included
@@ -285,7 +236,7 @@ def pytest_generate_tests(metafunc) -> None:
     from .collect import check_accelerator_marker, user_test_params
     from .recipe.schema import RecipeError
 
-    run = metafunc.config.stash.get(RUN_KEY, None)
+    run = metafunc.config.stash.get(RUN_STATE_KEY, None)
     try:
         check_accelerator_marker(metafunc.definition)
         params = user_test_params(metafunc, run) if run and "_ftready_state" in metafunc.fixturenames else None
@@ -298,10 +249,10 @@ def pytest_generate_tests(metafunc) -> None:
 
 @pytest.fixture(scope="session")
 def _ftready_state(request):
-    from .recipe.schema import RecipeError, load_recipe
+    from .recipe.schema import RecipeError
     from .recipe.variants import Variant
 
-    run = request.config.stash[RUN_KEY]
+    run = request.config.stash[RUN_STATE_KEY]
     paths = run.recipe_paths
     if not paths:
         pytest.skip("no ftready recipe: pass --ftready=recipe.toml or set ftready = recipe.toml in the ini file")
@@ -311,7 +262,7 @@ def _ftready_state(request):
     elif isinstance(variant, str):  # ftready_recipes named none of this run's recipes
         pytest.skip(variant)
     try:
-        recipe = load_recipe(variant.recipe_path)
+        recipe = run.load(variant.recipe_path)
     except RecipeError as exc:
         pytest.fail(str(exc), pytrace=False)
     return run.variant_state(variant.recipe, variant.id) if variant.changes else run.recipe_state(recipe)
@@ -370,14 +321,10 @@ def ftready_step(_ftready_state):
 @pytest.fixture
 def ftready_measure(_ftready_state, request):
     """``ftready_measure(name, value, unit)`` records a measurement to every output channel."""
-    from .checks.registry import CheckSpec
     from .session.context import CheckContext
 
-    spec = CheckSpec(id=request.node.name, body=lambda ctx: None, stage=0, doc="")
     bench = (lambda: request.getfixturevalue("benchmark")) if "benchmark" in request.fixturenames else None
-    ctx = CheckContext(_ftready_state, spec, request.node.user_properties, bench)
+    ctx = CheckContext.for_test(_ftready_state, request.node.name, request.node.user_properties)
     yield ctx.measure
     if bench is not None:  # the test timed something itself: its JSON entry carries the values too,
-        ctx._bench = bench()  # one benchmark group per test, one row per recipe / variant
-        ctx._bench.group = ctx._bench.group or f"ftready {request.node.originalname}"
-        ctx.finish()
+        ctx.into_benchmark(bench(), f"ftready {request.node.originalname}")  # one group per test, a row per recipe

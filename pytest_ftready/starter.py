@@ -15,7 +15,9 @@ import os
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .recipe.schema import REQUIRED, SCHEMA, RecipeError, load_recipe
+from .recipe.schema import REQUIRED, SCHEMA, RecipeError
+
+from .recipe import load_recipe
 
 FILL_IN = "FILL IN"
 TRAIN_ON = {"prompt_completion": "completion", "text": "all"}  # layout -> the train_on its rows need

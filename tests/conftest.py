@@ -69,7 +69,7 @@ def copy_example(folder: Path, model_dir: Path) -> Path:
 def state_for(config: Path, artifacts: Path, machine):
     """The RecipeState of a recipe or a trainer's config (its facts computed on demand), checks registered."""
     from pytest_ftready.checks.registry import all_checks
-    from pytest_ftready.recipe.schema import load_recipe
+    from pytest_ftready.recipe import load_recipe
     from pytest_ftready.session.state import RunState
 
     all_checks()
@@ -142,7 +142,7 @@ def real_machine():
 def make_state(tiny_example, tmp_path, real_machine, edit_recipe):
     """``make_state(machine=None, **recipe_edits)``: the tiny recipe's RecipeState, in-process."""
     from pytest_ftready.checks.registry import all_checks
-    from pytest_ftready.recipe.schema import load_recipe
+    from pytest_ftready.recipe import load_recipe
     from pytest_ftready.session.state import RunState
 
     all_checks()

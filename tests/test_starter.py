@@ -7,7 +7,9 @@ import shutil
 
 import pytest
 
-from pytest_ftready.recipe.schema import RecipeError, load_recipe
+from pytest_ftready.recipe.schema import RecipeError
+
+from pytest_ftready.recipe import load_recipe
 from pytest_ftready.starter import FILL_IN, main, parse_setting
 from tests.conftest import EXAMPLE
 

@@ -19,7 +19,7 @@ def resume(ctx) -> None:
     ctx.measure("resume_max_loss_difference",
                 max(abs(a - b) for a, b in zip(run.straight_losses[half:], run.resumed_losses)), "nats")
     if run.difference:
-        raise Fail(f"{ctx.state.trainer.step_trainer}: {run.difference}")
+        raise Fail(f"{run.trainer}: {run.difference}")
 
 
 @check("lifecycle.generate", stage=STAGES["lifecycle"] + 1, requires=("model.overfit",))

@@ -6,18 +6,21 @@ from __future__ import annotations
 
 from ..outcomes import Fail, Skip
 from ..outputs.forecast_text import levers_text
+from ..trainers.builtin import ENGINE
 from ..units import human_bytes
 from .registry import STAGES, check
 
 
-def engine_beside(ctx, name: str):
-    """The engine's run (``engine_step``, ``engine_overfit``) to show beside a trainer's own; None,
-    with the reason measured, where the engine could not run it (the trainer's result stands)."""
+def engine_beside(ctx, name: str, result):
+    """The engine's run (``engine_step``, ``engine_overfit``) to show beside a trainer's own
+    ``result``; None where ``result`` is the engine's own, or, with the reason measured, where the
+    engine could not run it (the trainer's result stands)."""
     try:
-        return getattr(ctx.state, name)
+        engine = getattr(ctx.state, name)
     except (Fail, Skip) as exc:
         ctx.measure(f"{name}_unavailable", str(exc).splitlines()[0])
         return None
+    return None if engine.trainer == result.trainer else engine
 
 
 @check("model.step_memory", stage=STAGES["model.step"], requires=("stack.precision", "stack.kernels", "data.masking"))
@@ -51,7 +54,7 @@ def step_memory(ctx) -> None:
     if capacity:
         ctx.measure("device_capacity", capacity, "bytes")
         ctx.measure("peak_share_of_capacity", step.peak_bytes / capacity, "share")
-    engine = engine_beside(ctx, "engine_step") if step is not state.computed("engine_step") else None
+    engine = engine_beside(ctx, "engine_step", step)
     if engine is not None:  # the trainer's own step beside the engine's
         ctx.measure("engine_peak_bytes", engine.peak_bytes, "bytes")
         ctx.measure("engine_step_tokens", engine.tokens_per_step, "tokens")
@@ -87,13 +90,12 @@ def model_overfit(ctx) -> None:
     ctx.measure("overfit_steps", len(result.losses), "steps")
     ctx.measure("overfit_first_loss", result.losses[0], "nats")
     ctx.measure("overfit_final_loss", result.losses[-1], "nats")
-    own = result is not ctx.state.computed("engine_overfit")  # the trainer's own run, not the engine's
-    engine = engine_beside(ctx, "engine_overfit") if own else None
+    engine = engine_beside(ctx, "engine_overfit", result)
     if engine is not None:
         ctx.series("engine_loss", engine.losses)
         ctx.measure("engine_overfit_steps", len(engine.losses), "steps")
         ctx.measure("engine_overfit_final_loss", engine.losses[-1], "nats")
     if not result.reached:
-        by = f" by {ctx.state.trainer.step_trainer}" if own else ""
+        by = f" by {result.trainer}" if result.trainer != ENGINE else ""
         raise Fail(f"overfit of {ctx.recipe.checks.overfit_examples} examples{by}: "
                    + diagnose(result.losses, result.target_loss, result.learning_rate))

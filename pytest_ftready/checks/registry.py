@@ -3,10 +3,15 @@
 A check is a function ``body(ctx)`` registered with ``@check(...)``. It raises ``Fail`` or
 ``Skip`` (plain exceptions, so check logic is testable without pytest) and records values
 through ``ctx.measure``. The collector turns each registered check into a pytest item.
+
+The check modules are listed here by name (``CHECK_MODULES``, as pytest lists its built-in
+plugins) and imported by name on the first ``all_checks()``: they import the registry, the
+registry never imports them back.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
@@ -58,15 +63,19 @@ def check(id: str, *, stage: int, accelerator: Union[bool, Callable] = False, ni
     return register
 
 
+CHECK_MODULES = ("checkpoint", "data", "distributed", "forecast", "headroom", "levers", "lifecycle", "model", "privacy",
+                 "repro", "stack", "sustained")
+
+
 def all_checks() -> list[CheckSpec]:
     """Every check, in run order (stage, then id). Imports the check modules once."""
-    from . import checkpoint, data, distributed, forecast, headroom, levers, lifecycle, model, privacy, repro, stack, sustained  # noqa: F401,E501
-
+    for name in CHECK_MODULES:
+        importlib.import_module(f"{__package__}.{name}")
     return sorted(REGISTRY.values(), key=lambda spec: (spec.stage, spec.id))
 
 
 # The areas the check modules register (the pytest face names them as markers at startup without
-# importing the check modules; tests/checks/test_registry_areas.py keeps this equal to areas()).
+# importing the check modules; tests/plugin/test_lazy_startup.py keeps this equal to areas()).
 AREAS = ("checkpoint", "data", "distributed", "headroom", "levers", "lifecycle", "model", "privacy", "repro", "stack",
          "sustained")
 

@@ -105,7 +105,8 @@ def differences(files: Iterable[Path], manifest_path: Path) -> list[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from ..recipe.schema import RecipeError, load_recipe
+    from ..recipe.schema import RecipeError
+    from ..recipe import load_recipe
 
     parser = argparse.ArgumentParser(prog="ftready-manifest", description="write or check a recipe's data manifest")
     parser.add_argument("action", choices=("write", "check"))

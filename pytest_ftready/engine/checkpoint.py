@@ -1,5 +1,6 @@
 """Checkpoints with every piece of state a resume needs (weights or adapter, optimizer,
-scheduler, every RNG, data order, step), and the resume that continues from one."""
+scheduler, every RNG, data order, step), and the resume that continues from one (run by the
+built-in engine's trainer in a fresh process: ``trainers.worker``)."""
 
 from __future__ import annotations
 
@@ -149,7 +150,7 @@ def _load_full(recipe, folder: Path, device: str):
 
 # ---- the resume experiment ------------------------------------------------------------------
 @dataclass(frozen=True)
-class SavedRun:
+class StraightAndHalf:
     """``steps`` uninterrupted losses, and a second run of the first half saved to ``folder``."""
 
     straight_losses: list
@@ -160,14 +161,15 @@ class SavedRun:
 
 
 def straight_and_half(recipe, examples: Sequence, pad_id: int, torch_device: str, shared_base, folder: Path,
-                      steps: int, exact: bool = True) -> SavedRun:
-    """Losses of ``steps`` uninterrupted steps; then a second run of steps/2 saved to ``folder``.
-    Fails when the two runs differ before any resume (nothing could then be compared)."""
+                      steps: int, exact: bool = True) -> StraightAndHalf:
+    """Losses of ``steps`` uninterrupted steps over ``examples``; then a second run of steps/2
+    saved to ``folder``. Fails when the two runs differ before any resume (nothing could then be
+    compared)."""
     from ..outcomes import Fail
     from .trainable import trainable
 
     t = recipe.training
-    examples = list(examples[: max(2, t.micro_batch_size * t.gradient_accumulation_steps * steps)])
+    examples = list(examples)
     runs = []
     for length in (steps, steps // 2):
         with trainable(recipe, torch_device, shared_base) as model:
@@ -184,44 +186,7 @@ def straight_and_half(recipe, examples: Sequence, pad_id: int, torch_device: str
         raise Fail(f"two runs from the same seed differ before any resume ({runs[0][:steps // 2]} vs {runs[1]}): "
                    "training is not deterministic here, so resume cannot be checked"
                    + ("" if exact else " (set torch.use_deterministic_algorithms(True) and CUBLAS_WORKSPACE_CONFIG)"))
-    return SavedRun(runs[0], Path(folder), steps, checkpoint_bytes(folder), exact)
-
-
-def resume_in_fresh_process(recipe, folder: Path, steps: int, total: int, torch_device: str,
-                            timeout_s: float | None = None) -> list[float]:
-    """Resume the checkpoint in a new Python process (nothing shared with this one) and train
-    ``steps`` more; their losses. A worker that fails, or outlives ``timeout_s``, is a Fail."""
-    import torch
-
-    from ..outcomes import Fail
-    from . import worker
-
-    payload = run_worker(worker.command("resume", str(recipe.source), str(folder), str(steps), str(total), torch_device,
-                                        str(torch.get_num_threads())), timeout_s)
-    if "missing" in payload:
-        raise Fail(f"the checkpoint lacks {payload['missing']}: a resume cannot continue the run")
-    return payload["losses"]
-
-
-def run_worker(cmd: list[str], timeout_s: float | None = None) -> dict:
-    """Run a worker in a fresh Python process; the JSON object of its last output line. A
-    worker that fails, or outlives ``timeout_s``, is a Fail naming its last error line."""
-    import os
-    import subprocess
-
-    from ..outcomes import Fail
-
-    # run() kills the worker on any exception while waiting: the check's time limit, Ctrl-C
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    except subprocess.TimeoutExpired:  # subprocess.run kills the worker before raising
-        raise Fail(f"the resume worker did not finish within {timeout_s:.0f} s and was stopped") from None
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise Fail(f"the resume in a fresh process failed (exit {proc.returncode}): "
-                   f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
-    return json.loads(lines[-1])
+    return StraightAndHalf(runs[0], Path(folder), steps, checkpoint_bytes(folder), exact)
 
 
 def compare_losses(straight: Sequence[float], resumed: Sequence[float], exact: bool) -> str:

@@ -26,6 +26,7 @@ class OverfitResult:
     example_where: str
     target_loss: float = 0.0
     learning_rate: float = 0.0
+    trainer: str = ""  # whose overfit this is (a trainer's step_trainer)
 
 
 def overfit(recipe, examples: Sequence, pad_id: int, torch_device: str, shared_base: Callable[[], Any], *,

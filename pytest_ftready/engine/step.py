@@ -43,6 +43,7 @@ class StepMeasurement:
     device_reserved_bytes: Optional[int] = None
     out_of_memory: str = ""  # the allocator's message when the step did not fit
     vocab_size: int = 0  # of the model's output embeddings (the lever estimates' loss size)
+    trainer: str = ""  # whose step this is (a trainer's step_trainer: "pytest-ftready engine", "trl SFTTrainer")
 
     @property
     def tokens_per_s(self) -> float:

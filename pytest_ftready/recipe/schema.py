@@ -282,7 +282,7 @@ def _shown(text: str) -> str:
     return _clip(repr(text), SHOWN_CHARS)
 
 
-def _did_you_mean(word: str, options: list[str]) -> str:
+def did_you_mean(word: str, options: list[str]) -> str:
     close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
     return f"; did you mean {close[0]}?" if close else f"; valid keys: {', '.join(sorted(options))}"
 
@@ -414,7 +414,7 @@ class _Parser:
             raise self.fail(where, f"expected a table like {{ {kinds[0]} = 0.10 }}, got {_describe(raw)}")
         for name, share in raw.items():
             if name not in kinds:
-                raise self.fail(f"{where}.{name}", "unknown measurement kind" + _did_you_mean(name, list(kinds)))
+                raise self.fail(f"{where}.{name}", "unknown measurement kind" + did_you_mean(name, list(kinds)))
             if isinstance(share, bool) or not isinstance(share, (int, float)) or share < 0:
                 raise self.fail(f"{where}.{name}", "expected a non-negative share of change (0.10 = 10% worse), "
                                 f"got {_describe(share)}")
@@ -426,7 +426,7 @@ class _Parser:
             raise self.fail(f"[{table}]", f"expected a table, got {_describe(raw)}")
         for name in raw:
             if name not in keys:
-                raise self.fail(f"[{table}] {name}", "unknown key" + _did_you_mean(name, list(keys)))
+                raise self.fail(f"[{table}] {name}", "unknown key" + did_you_mean(name, list(keys)))
         values = {}
         for name, key in keys.items():
             if name in raw:
@@ -458,7 +458,7 @@ def validate_recipe(raw: dict, path: Path | str, origin: Any = None) -> Recipe:
     for name in raw:
         if name not in SCHEMA and name not in TOP_KEYS:
             what = f"[{name}]" if isinstance(raw[name], dict) else name
-            raise parser.fail(what, "unknown table or key" + _did_you_mean(name, [*SCHEMA, *TOP_KEYS]))
+            raise parser.fail(what, "unknown table or key" + did_you_mean(name, [*SCHEMA, *TOP_KEYS]))
     if "data" not in raw:
         raise parser.fail("[data]", "missing; a recipe needs at least [data] train = [\"path/to/train.jsonl\"]")
     name = raw.get("name", path.stem)
@@ -471,29 +471,6 @@ def validate_recipe(raw: dict, path: Path | str, origin: Any = None) -> Recipe:
     _cross_checks(parser, tables)
     return Recipe(name=name, source=path, folder=path.parent, origin=origin,
                   declared=frozenset(t for t in raw if t in SCHEMA), **tables)
-
-
-def load_recipe(path: Path | str) -> Recipe:
-    """Read and validate the recipe file at ``path`` (a trainer's YAML config goes through
-    ``recipe.importers``)."""
-    path = Path(path)
-    if path.suffix.lower() in (".yaml", ".yml"):  # TRL / Axolotl / LLaMA-Factory config
-        from .importers import load_config
-
-        return load_config(path)
-    try:
-        if path.exists() and not path.is_file():  # a FIFO would block the read forever; a device never ends
-            what = "a folder" if path.is_dir() else "not a regular file (a FIFO, socket or device)"
-            raise RecipeError(path, "", f"is {what}; pass --ftready=PATH to a recipe.toml file")
-        if path.stat().st_size > MAX_RECIPE_BYTES:
-            raise RecipeError(path, "", f"holds {path.stat().st_size:,} bytes, more than the {MAX_RECIPE_BYTES:,} "
-                              "a recipe may: pass the recipe.toml, not a data or model file")
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise RecipeError(path, "", "file not found; pass --ftready=PATH to an existing recipe.toml") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RecipeError(path, "", f"cannot be read: {exc}") from None
-    return parse_recipe(text, path)
 
 
 def _cross_checks(parser: _Parser, t: dict[str, PRecord]) -> None:
@@ -578,7 +555,7 @@ def key_location(name: str, path: Path | str, where: str) -> tuple[str, str]:
             raise RecipeError(path, f"{where} {name}", "is a key of " + ", ".join(f"[{t}]" for t in tables)
                               + f": write {tables[0]}.{name} (table.key)")
     every = [f"{t}.{k}" for t, keys in SCHEMA.items() for k in keys] + [k for keys in SCHEMA.values() for k in keys]
-    raise RecipeError(path, f"{where} {name}", "unknown recipe key" + _did_you_mean(name, every))
+    raise RecipeError(path, f"{where} {name}", "unknown recipe key" + did_you_mean(name, every))
 
 
 def with_changes(recipe: Recipe, changes: dict[str, Any], where: str = "variant") -> Recipe:

@@ -5,11 +5,20 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 from .state import RecipeState
 
 RUN_AREAS = ("data", "model", "lifecycle")  # checks whose result depends on whose pipeline and step ran
+
+
+@dataclass(frozen=True)
+class UserTestSpec:
+    """What a context needs of a check's spec, for a team's own test (``CheckContext.for_test``)."""
+
+    id: str  # the test's name
+    area: str = ""
 
 class CheckContext:
     def __init__(self, state: RecipeState, spec, user_properties: Optional[list] = None,
@@ -25,6 +34,19 @@ class CheckContext:
         self._suite_property = suite_property
         self._bench = None
         self.measured: list = []
+
+    @classmethod
+    def for_test(cls, state: RecipeState, test_name: str, user_properties: list) -> "CheckContext":
+        """The context of a team's own test that records measurements (``ftready_measure``):
+        they are kept under the test's name, as a check's are under its id."""
+        return cls(state, UserTestSpec(test_name), user_properties)
+
+    def into_benchmark(self, bench, group: str) -> None:
+        """The measurements so far into ``bench``'s JSON entry (pytest-benchmark's fixture, which
+        the test used itself), in ``group`` unless the test named one."""
+        self._bench = bench
+        bench.group = bench.group or group
+        self.finish()
 
     @property
     def recipe(self):

@@ -38,6 +38,8 @@ class RunState:
     progress: Optional[Callable[[str], None]] = None  # a line for the terminal while long work runs
     pipeline_hook: Optional[Callable[..., Any]] = None  # (recipe, tokenizer) -> the team's pipeline or None
     data_workers: Optional[int] = None  # processes for the data pass and the privacy scan (--ftready-workers); None: by CPUs and data size
+    regression: Optional[Any] = None  # outputs.regression.RegressionGate when a baseline is given
+    loaded: dict[Path, Any] = field(default_factory=dict)  # recipe file -> its Recipe, or the RecipeError reading it
     recipes: dict[Path, "RecipeState"] = field(default_factory=dict)
     variants: dict[tuple, "RecipeState"] = field(default_factory=dict)  # (source, variant id) -> state
     models: dict[tuple, Any] = field(default_factory=dict)  # ([model] table, device) -> the loaded base model
@@ -57,6 +59,82 @@ class RunState:
         from ..machine.hub import free_bytes
 
         return (self.free_bytes or free_bytes)(path)
+
+    def load(self, path: Path) -> Recipe:
+        """The recipe at ``path``, read once per run (a RecipeError, remembered, raised again)."""
+        from ..recipe import RecipeError, load_recipe
+
+        key = Path(path).resolve()
+        if key not in self.loaded:
+            try:
+                self.loaded[key] = load_recipe(path)
+            except RecipeError as exc:
+                self.loaded[key] = exc
+        found = self.loaded[key]
+        if isinstance(found, RecipeError):
+            raise found
+        return found
+
+    def header_lines(self) -> list[str]:
+        """What each trainer config's translation says (what became what, what is not checked):
+        the report header's lines; a config that cannot be read says nothing here (collection
+        reports it)."""
+        from ..recipe import RecipeError
+
+        lines = []
+        for path in self.recipe_paths:
+            try:
+                origin = self.load(path).origin
+            except RecipeError:
+                continue
+            if origin is not None:
+                lines += origin.header_lines()
+        return lines
+
+    def summary(self, quiet: bool) -> list[tuple[str, list[str]]]:
+        """The terminal summary, as (separator title or "", lines): the measurements; under -q
+        (which hides the header) what the trainer configs leave unchecked; the regression gate's
+        verdict."""
+        from ..outputs import measurements
+
+        sections = []
+        if self.measurements:
+            sections.append(("ftready measurements", self.gate.lines(measurements.summary_lines(self.measurements))))
+        if quiet:
+            sections.append(("", [line for state in self.recipes.values() if state.recipe.origin is not None
+                                  for line in state.recipe.origin.unchecked_lines()]))
+        if self.regression is not None:
+            sections.append(("", [self.regression.summary()]))
+        return [(title, lines) for title, lines in sections if lines]
+
+    def finish(self, records: list, warn: Callable[[str], None]) -> bool:
+        """The end of the session: this run's scratch folders (and those of runs killed before
+        they could) removed; each recipe's figures, report and CI summary written from its
+        ``records`` (outputs.records.RecipeRun). True when an artifact could not be written (the
+        exit status is then 1 whatever the checks' outcomes); ``warn`` says which."""
+        import shutil
+
+        from ..files import remove_dead_scratch
+        from ..outputs import measurements, report, summary
+
+        for state in [*self.recipes.values(), *self.variants.values()]:
+            if "scratch" in vars(state):  # this run's checkpoints and trained weights
+                shutil.rmtree(state.scratch, ignore_errors=True)
+            remove_dead_scratch(state.artifacts)
+        reports, incomplete = {}, False
+        for state, record in zip(self.recipes.values(), records):
+            try:
+                if record.ran() or record.measurements:  # --collect-only leaves the last run's figures alone
+                    measurements.write_figures(state.artifacts, record.partial, record.measurements, state.series,
+                                               self.gate.write_json)
+                if record.ran():  # --collect-only, or a session stopped before any check: no report to replace
+                    reports[record.name] = report.write_report(state.artifacts, record, write=self.gate.write)
+            except Fail as exc:
+                warn(f"ftready {state.recipe.name}: {exc} (the run's artifacts are incomplete: exit status 1 whatever "
+                     "the checks' outcomes)")
+                incomplete = True
+        summary.append_step_summary([r for r in records if r.ran()], reports, gate=self.gate.text)
+        return incomplete
 
     def recipe_state(self, recipe: Recipe) -> "RecipeState":
         state = self.recipes.get(recipe.source)
@@ -188,16 +266,15 @@ class RecipeState:
 
     def _data_pass(self, encoding: bool):
         """One streaming pass over the training files (data.passes.run_pass), in worker processes
-        when the data is large and the pipeline is the built-in encoder."""
+        when the data is large and the pipeline's encoder can travel to them."""
         from ..data.passes import PassFailed, run_pass, workers_for
-        from ..trainers.builtin import BuiltinPipeline
 
         files, options = self.recipe.data.train, {}
         if encoding:
             pipeline = self.pipeline
-            if isinstance(pipeline, BuiltinPipeline):
+            if pipeline.encoder is not None:
                 options["encoder"] = pipeline.encoder
-            else:  # the team's function or TRL: in this process, in large chunks (TRL starts a trainer per chunk)
+            else:  # the team's function or a trainer's: in this process, in large chunks (TRL starts a trainer per chunk)
                 options.update(self._encoding())
         travels = not encoding or "encoder" in options
         workers = workers_for(self.run.data_workers, files, encoding) if travels else 1
@@ -210,10 +287,9 @@ class RecipeState:
         """How this process encodes a chunk with the recipe's pipeline: ``encode`` and ``chunk_bytes``."""
         from ..data.passes import encode_with
         from ..data.rows import CHUNK_BYTES
-        from ..trainers.builtin import BuiltinPipeline
 
         pipeline = self.pipeline
-        if isinstance(pipeline, BuiltinPipeline):
+        if pipeline.encoder is not None:
             return {"encode": lambda pairs: encode_with(pipeline.encoder, pairs), "chunk_bytes": CHUNK_BYTES}
         return {"encode": lambda pairs: pipeline.encode([row for row, _ in pairs]), "chunk_bytes": OTHER_CHUNK_BYTES}
 
@@ -235,15 +311,24 @@ class RecipeState:
         return datasets.Dataset.from_file(str(path))
 
     @fact
-    def encoder(self):
-        """The one encoder for this recipe's tokenizer and [data] table."""
-        from ..data.encoding import Encoder, stop_token_ids
+    def stop_ids(self) -> frozenset:
+        """The end-of-turn token ids the labels must train: EOS and the recipe's stop tokens."""
+        from ..data.encoding import stop_token_ids
         from ..engine.loading import generation_eos_ids
 
         try:
-            stops = stop_token_ids(self.tokenizer, generation_eos_ids(self.recipe), self.recipe.data.stop_tokens)
-            return Encoder(self.tokenizer, self.recipe.data, stops)
-        except ValueError as exc:  # no chat template, slow tokenizer, unknown stop token
+            return stop_token_ids(self.tokenizer, generation_eos_ids(self.recipe), self.recipe.data.stop_tokens)
+        except ValueError as exc:  # a stop token the tokenizer does not know
+            raise Fail(str(exc)) from None
+
+    @fact
+    def encoder(self):
+        """The one encoder for this recipe's tokenizer and [data] table."""
+        from ..data.encoding import Encoder
+
+        try:
+            return Encoder(self.tokenizer, self.recipe.data, self.stop_ids)
+        except ValueError as exc:  # no chat template, slow tokenizer
             raise Fail(str(exc)) from None
 
     # ---- the trainer: whose preprocessing and whose step the checks run ----------------------
@@ -257,10 +342,37 @@ class RecipeState:
 
     @fact
     def pipeline(self):
-        """What makes the training examples: the team's (hook), else the trainer's."""
-        from ..trainers import select_pipeline
+        """What makes the training examples: the team's (``pytest_ftready_pipeline`` hook), else
+        the recipe's trainer's."""
+        from ..trainers.base import as_pipeline
 
-        return select_pipeline(self)
+        hook = self.run.pipeline_hook
+        provided = hook(self.recipe, self.tokenizer) if hook is not None else None
+        if provided is None:
+            return self.trainer.pipeline(self.pipeline_inputs())
+        return as_pipeline(provided, self.recipe, self.tokenizer, self.stop_ids)
+
+    def pipeline_inputs(self):
+        """What the recipe's trainer builds its pipeline from (trainers.base.PipelineInputs)."""
+        from ..trainers.base import PipelineInputs
+
+        return PipelineInputs(self.recipe, self.tokenizer, self.stop_ids, self.device, lambda: self.scratch,
+                              lambda: self.encoder)
+
+    def run_inputs(self):
+        """What the recipe's trainer's runs are handed (trainers.base.RunInputs): made when a run
+        starts, with the examples, the shared base model and this check's timer."""
+        from ..trainers.base import RunInputs
+
+        return RunInputs(self.recipe, self.tokenizer, self.stop_ids, self.device, lambda: self.scratch, lambda: self.encoder,
+                         examples=tuple(self.training_examples()), pad_id=self.tokenizer.pad_token_id,
+                         base=self.shared_base, progress=self.progress, timer=self.timer)
+
+    def _engine(self):
+        """The built-in engine as a trainer; None when it is the recipe's own trainer."""
+        from ..trainers import ENGINE, trainer_named
+
+        return None if self.trainer.name == ENGINE else trainer_named(ENGINE)
 
     def run_names(self) -> dict[str, str]:
         """Whose preprocessing and whose step this recipe's checks ran, for the measurements
@@ -301,36 +413,36 @@ class RecipeState:
     @fact
     def step(self):
         """The worst-case training step as the recipe's trainer runs it (engine.step.StepMeasurement)."""
-        return self.trainer.step(self)
+        return self.trainer.step(self.run_inputs())
 
     @fact
     def engine_step(self):
-        """The built-in engine's worst-case step, the one every trainer's is compared with."""
-        from ..trainers.builtin import engine_step
-
-        return engine_step(self)
+        """The built-in engine's worst-case step, the one every trainer's is shown beside."""
+        engine = self._engine()
+        return self.step if engine is None else engine.step(self.run_inputs())
 
     @fact
     def overfit(self):
         """The trainer's overfit of the first ``overfit_examples`` examples (engine.overfit.OverfitResult)."""
-        return self.trainer.overfit(self)
+        return self.trainer.overfit(self.run_inputs())
 
     @fact
     def engine_overfit(self):
         """The built-in engine's overfit of the same examples."""
-        from ..trainers.builtin import engine_overfit
-
-        return engine_overfit(self)
+        engine = self._engine()
+        return self.overfit if engine is None else engine.overfit(self.run_inputs())
 
     @fact
     def saved_run(self):
-        """The trainer's straight run and its checkpoint at half the steps."""
-        return self.trainer.saved_run(self)
+        """The trainer's straight run and its checkpoint at half the steps (trainers.base.SavedRun)."""
+        return self.trainer.saved_run(self.run_inputs())
 
     @fact
     def resume_run(self):
         """The trainer's resume of ``saved_run`` in a fresh process (trainers.base.ResumeRun)."""
-        return self.trainer.resume(self, self.saved_run)
+        from ..trainers.worker import resume
+
+        return resume(self.trainer, self.run_inputs(), self.saved_run)
 
     @fact
     def sustained(self):

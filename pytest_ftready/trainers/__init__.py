@@ -1,23 +1,26 @@
-"""The trainers: one module per trainer holding what the plugin knows of it (its pipeline,
-its own training step, its save and resume), behind one interface (``base.Trainer``) that
-the session asks. ``builtin`` is pytest-ftready's own engine, the trainer of last resort;
-``trl`` runs TRL's own preprocessing, step, overfit and resume; ``axolotl`` Axolotl's own
-preprocessing, step, overfit and resume (the Trainer Axolotl builds from the team's config);
-``llamafactory`` LLaMA-Factory's own
-preprocessing, step, overfit and resume. ``hf`` holds what the trainers built on
-``transformers.Trainer`` share (step logs, the measured step, the fresh-process resume and its
-cause); ``worker`` is that fresh process.
-A trainer's config reader stays in ``recipe/importers/`` (the recipe is read before any
-trainer runs).
+"""The trainers: one module per trainer holding what the plugin knows of it (its pipeline, its
+own training step, its save and resume), behind one interface (``base.Trainer``) that the
+session asks, each handed frozen inputs (``base.RunInputs``), never the session.
 
-Imports the recipe, the data path, the engine and the machine; never the session, the
-checks or pytest. No trainer package is imported until its work runs."""
+``builtin`` is pytest-ftready's own engine, the trainer of last resort and the one every other
+trainer's run is shown beside. ``hf`` is the template of the trainers built on
+``transformers.Trainer`` (step, overfit, saved run, fresh-process resume written once): ``trl``,
+``axolotl`` and ``llamafactory`` each supply how they build their Trainer. ``worker`` is the
+fresh process of every trainer's resume.
+
+Adding a trainer: one module with its class (on ``hf.HFTrainer`` where it builds a
+``transformers.Trainer``) and a row in ``TRAINERS``. A trainer's config is read once, by
+``recipe/importers/`` (the recipe is read before any trainer runs), and its translation
+(``recipe.origin``) says what of it the trainer's own run is handed.
+
+Imports the recipe, the data path, the engine and the machine; never the session, the checks
+or pytest. No trainer package is imported until its work runs."""
 
 from __future__ import annotations
 
 import importlib
 
-from .base import Pipeline, Trainer, as_pipeline, pipeline_stops
+from .base import Trainer
 
 # [data] pipeline -> (module, class); a config's origin format picks its trainer the same way.
 TRAINERS = {
@@ -26,6 +29,7 @@ TRAINERS = {
     "axolotl": ("axolotl", "AxolotlTrainer"),
     "llamafactory": ("llamafactory", "LlamaFactoryTrainer"),
 }
+ENGINE = "builtin"  # the built-in engine's name: every trainer's run is shown beside its run
 
 
 def trainer_named(name: str) -> Trainer:
@@ -44,15 +48,4 @@ def select_trainer(recipe) -> Trainer:
         trainer = trainer_named(origin.format)
         if trainer.native and not trainer.missing():
             return trainer
-    return trainer_named("builtin")
-
-
-def select_pipeline(state) -> Pipeline:
-    """What makes the training examples: the team's (``pytest_ftready_pipeline`` hook) first,
-    then the recipe's trainer's."""
-    recipe, tokenizer = state.recipe, state.tokenizer
-    hook = getattr(state.run, "pipeline_hook", None)
-    provided = hook(recipe, tokenizer) if hook is not None else None
-    if provided is None:
-        return state.trainer.pipeline(state)
-    return as_pipeline(provided, recipe, tokenizer, pipeline_stops(state))
+    return trainer_named(ENGINE)

@@ -23,11 +23,10 @@ import contextlib
 import io
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from ..outcomes import Fail, Skip
-from .base import FunctionPipeline, Pipeline, ResumeRun, Trainer, pipeline_stops
-from .builtin import resume_steps
+from .base import Bounds, FunctionPipeline, Pipeline, PipelineInputs, RunInputs, RunRows
 from . import hf
 
 # Axolotl reports usage unless told not to; the checks never send anything anywhere.
@@ -70,11 +69,11 @@ def axolotl_cfg(recipe, **overrides):
 class AxolotlPipeline(FunctionPipeline):
     """Each row through Axolotl's prompt strategy for the config's dataset entry."""
 
-    def __init__(self, state) -> None:
+    def __init__(self, inputs: PipelineInputs) -> None:
         from axolotl.loaders import load_tokenizer
         from axolotl.prompt_strategies import load as load_strategy
 
-        recipe = state.recipe
+        recipe = inputs.recipe
         cfg = axolotl_cfg(recipe)
         kinds = {str(entry.get("type")) for entry in cfg.datasets or ()}
         if len(kinds) != 1:
@@ -85,7 +84,7 @@ class AxolotlPipeline(FunctionPipeline):
         strategy = load_strategy(entry["type"], tokenizer, cfg, entry)
         if strategy is None or not hasattr(strategy, "tokenize_prompt"):
             raise Skip(f"Axolotl's dataset type {entry['type']!r} has no per-row prompt strategy the checks can run")
-        super().__init__(strategy.tokenize_prompt, recipe, state.tokenizer, pipeline_stops(state), name="axolotl")
+        super().__init__(strategy.tokenize_prompt, recipe, inputs.tokenizer, inputs.stop_ids, name="axolotl")
         self.method = f"Axolotl {entry['type']}"
 
 
@@ -103,37 +102,37 @@ NEEDS = (("bitsandbytes", "bitsandbytes with a CUDA GPU (an 8-bit or paged optim
          ("cut_cross_entropy", "a GPU (Cut Cross-Entropy)"))
 
 
-def needs_accelerator(state, exc: BaseException) -> None:
+def needs_accelerator(device, exc: BaseException) -> None:
     """Raise a Skip naming what Axolotl needs when ``exc`` says it cannot run here without an
     accelerator; return when the error is something else (it then fails as itself)."""
-    if state.device.is_accelerator:
+    if device.is_accelerator:
         return
     said = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
     needed = next((what for word, what in NEEDS if word in said.lower()), None)
     if needed is not None:
-        raise Skip(f"Axolotl cannot run this config's step on {state.device.name} ({said[:300]}): it needs {needed}; "
+        raise Skip(f"Axolotl cannot run this config's step on {device.name} ({said[:300]}): it needs {needed}; "
                    "its preprocessing is checked here, run the model checks on the GPU machine") from None
 
 
-def run_cfg(recipe, folder: Path, **bounded):
-    """The team's config for a bounded run of the rows in ``folder/rows.jsonl``: the config's
-    dataset entry (its type, fields, roles) over that file; its output (checkpoints) in ``folder``
-    and its prepared dataset under it; ``bounded`` (steps, saving) over the rest."""
-    from ..recipe.importers.base import read_yaml
-
-    entries = read_yaml(config_path(recipe)).get("datasets") or [{}]
+def run_cfg(recipe, run: RunRows, bounds: Bounds):
+    """The team's config for a bounded run of ``run``'s rows: the config's dataset entry (its
+    type, fields, roles) over the rows file; its output (checkpoints) in ``run.folder`` and its
+    prepared dataset beside the rows (so a resumed run finds it); ``bounds`` over the rest."""
+    entries = recipe.origin.value("datasets") or [{}]
     entry = {key: value for key, value in entries[0].items() if key not in ("data_files", "name", "split", "revision")}
-    entry.update(path=str(folder / hf.ROWS_FILE), ds_type="json")
-    save_strategy = bounded.pop("save_strategy")  # load_cfg reads the string "no" as YAML's false
-    cfg = axolotl_cfg(recipe, datasets=[entry], output_dir=str(folder),
-                      dataset_prepared_path=str(folder / "prepared"), **UNTRACKED, **bounded)
-    cfg.save_strategy = save_strategy
+    entry.update(path=str(run.rows_file), ds_type="json")
+    bounded = bounds.keys("micro_batch_size", "lr_scheduler", warmup_ratio=None)
+    if not bounds.shuffle:
+        bounded["shuffle_merged_datasets"] = False
+    cfg = axolotl_cfg(recipe, datasets=[entry], output_dir=str(run.folder),
+                      dataset_prepared_path=str(run.rows_file.parent / "prepared"), **UNTRACKED, **bounded)
+    cfg.save_strategy = "steps" if bounds.save_steps else "no"  # load_cfg reads the string "no" as YAML's false
     # datasets >= 4 maps through a process pool even at num_proc = 1; None tokenizes in this process
     cfg.dataset_num_proc = None
     return cfg
 
 
-def axolotl_trainer(state, cfg, callbacks: Sequence = ()):
+def axolotl_trainer(device, cfg, callbacks: Sequence = ()):
     """The Trainer Axolotl builds for ``cfg`` (its dataset preparation, model, adapter,
     collator, optimizer), quiet, with ``callbacks``."""
     try:
@@ -143,40 +142,10 @@ def axolotl_trainer(state, cfg, callbacks: Sequence = ()):
 
             trainer = setup_model_and_trainer(cfg, load_datasets(cfg=cfg))[0]
     except (ImportError, RuntimeError, AssertionError, ValueError, OSError) as exc:
-        if state is not None:
-            needs_accelerator(state, exc)
+        needs_accelerator(device, exc)
         raise Fail(f"Axolotl could not build its trainer for {cfg.axolotl_config_path}: {type(exc).__name__}: "
                    f"{' '.join(str(exc).split())[:600]}") from None
-    hf.quiet(trainer)
-    for callback in callbacks:
-        trainer.add_callback(callback)
-    return trainer
-
-
-def train(state, trainer, **kwargs) -> None:
-    """``hf.train``, quiet; an error saying Axolotl needs an accelerator skips (``needs_accelerator``)."""
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            hf.train(trainer, **kwargs)
-    except (ImportError, RuntimeError, AssertionError) as exc:
-        if state is not None:
-            needs_accelerator(state, exc)
-        raise
-
-
-def measured(state, trainer):
-    """``hf.measure_step`` of Axolotl's Trainer; an error saying it needs an accelerator skips."""
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            return hf.measure_step(state, trainer, trainer.model)
-    except (ImportError, RuntimeError, AssertionError) as exc:
-        needs_accelerator(state, exc)
-        raise
-
-
-def resume_cfg(recipe, folder: Path, steps: int):
-    return run_cfg(recipe, folder, max_steps=steps, save_strategy="steps", save_steps=steps // 2,
-                   save_total_limit=None)
+    return hf.quiet(trainer, callbacks)
 
 
 # Where Axolotl patches the libraries in place while it loads a model (its LoRA kernels replace the
@@ -219,76 +188,32 @@ def patches_undone(recipe):
             module.__dict__.update(before)
 
 
-class AxolotlTrainer(Trainer):
+class AxolotlTrainer(hf.HFTrainer):
+    """Axolotl's own run: the Trainer Axolotl builds from the team's config over the checks' rows."""
+
     name = "axolotl"
     step_trainer = "axolotl AxolotlTrainer"  # the class axolotl.core.trainers.base builds for SFT
+    label = "Axolotl"
     module = "axolotl"
     install = ("pip install axolotl in an environment of its own beside pytest-ftready (it pins transformers and "
                "TRL): python -m venv V && V/bin/pip install torch axolotl pytest-ftready")
 
-    def pipeline(self, state) -> Pipeline:
-        return AxolotlPipeline(state)
+    def pipeline(self, inputs: PipelineInputs) -> Pipeline:
+        return AxolotlPipeline(inputs)
 
-    def step(self, state):
-        """The worst-case micro-batch (the longest rows) through one step of Axolotl's Trainer
-        (``hf.measure_step``)."""
-        import tempfile
+    @contextlib.contextmanager
+    def guarded(self, inputs: RunInputs) -> Iterator[None]:
+        """Quiet; the libraries Axolotl patches put back after its run; an error saying it needs
+        an accelerator a Skip (``needs_accelerator``)."""
+        with patches_undone(inputs.recipe):
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    yield
+            except (ImportError, RuntimeError, AssertionError) as exc:
+                needs_accelerator(inputs.device, exc)
+                raise
 
-        state.progress("model.step_memory: one step of Axolotl's own Trainer", force=True)
-        with tempfile.TemporaryDirectory(prefix="axolotl-step-", dir=state.scratch) as out, patches_undone(state.recipe):
-            folder = Path(out)
-            hf.write_rows(folder, hf.row_data(hf.worst_case_examples(state)))
-            cfg = run_cfg(state.recipe, folder, max_steps=1, save_strategy="no", gradient_accumulation_steps=1,
-                          shuffle_merged_datasets=False)
-            trainer = axolotl_trainer(state, cfg)
-            return measured(state, trainer)
-
-    def overfit(self, state):
-        """The first ``overfit_examples`` rows, all of them in every optimizer step, through
-        Axolotl's Trainer at a constant learning rate until the loss threshold or ``overfit_steps``."""
-        import math
-
-        recipe, checks = state.recipe, state.recipe.checks
-        examples = state.training_examples()[: checks.overfit_examples]
-        if not examples:
-            raise Fail("no trainable example to overfit (see data.masking)")
-        logger = hf.step_logger(stop_below=checks.overfit_loss)
-        state.progress(f"model.overfit: Axolotl's Trainer, up to {checks.overfit_steps} steps", force=True)
-        folder = state.scratch / "axolotl-overfit"
-        hf.write_rows(folder, hf.row_data(examples))
-        cfg = run_cfg(recipe, folder, max_steps=checks.overfit_steps, save_strategy="no",
-                      gradient_accumulation_steps=math.ceil(len(examples) / recipe.training.micro_batch_size),
-                      lr_scheduler="constant", warmup_steps=0, warmup_ratio=None)
-        with patches_undone(recipe):
-            trainer = axolotl_trainer(state, cfg, [logger])
-            before = hf.weights_before(trainer.model)
-            train(state, trainer)
-            return hf.judged_overfit(state, trainer.model, examples, logger.logs, before)
-
-    def saved_run(self, state) -> hf.SavedRun:
-        """``steps`` uninterrupted steps of Axolotl's Trainer, checkpointed by it at ``steps // 2``."""
-        recipe = state.recipe
-        t = recipe.training
-        steps = resume_steps(recipe)
-        examples = state.training_examples()[: max(2, t.micro_batch_size * t.gradient_accumulation_steps * steps)]
-        folder = state.scratch / "axolotl-resume"
-        hf.write_rows(folder, hf.row_data(examples))
-        logger = hf.step_logger()
-        state.progress(f"lifecycle.resume: {steps} steps of Axolotl's Trainer, a checkpoint at step {steps // 2}",
-                       force=True)
-        with patches_undone(recipe):
-            train(state, axolotl_trainer(state, resume_cfg(recipe, folder, steps), [logger]))
-        return hf.saved(folder, steps, logger.logs, not state.device.is_accelerator, "Axolotl")
-
-    def resume(self, state, saved: hf.SavedRun) -> ResumeRun:
-        return hf.resumed_in_fresh_process(state, "axolotl", saved, "Axolotl")
-
-    def resume_here(self, recipe, folder: Path, checkpoint: Path, steps: int, torch_device: str) -> list:
-        """In the fresh process: the same config over the same rows (Axolotl finds the dataset it
-        prepared), resumed from ``checkpoint`` with ``resume_from_checkpoint``; the logs of the
-        steps it trains."""
-        logger = hf.step_logger()
-        cfg = resume_cfg(recipe, folder, steps)
-        cfg.output_dir = str(folder / "resumed")
-        train(None, axolotl_trainer(None, cfg, [logger]), resume_from_checkpoint=str(checkpoint))
-        return [log.to_list() for log in logger.logs]
+    @contextlib.contextmanager
+    def built(self, inputs: RunInputs, run: RunRows, bounds: Bounds, callbacks: Sequence = ()) -> Iterator[hf.Built]:
+        trainer = axolotl_trainer(inputs.device, run_cfg(inputs.recipe, run, bounds), callbacks)
+        yield hf.Built(trainer, trainer.model)

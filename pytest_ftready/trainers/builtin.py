@@ -4,11 +4,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
 from typing import Sequence
 
 from ..data.encoding import Encoded
 from ..outcomes import Fail
-from .base import Pipeline, ResumeRun, Trainer
+from .base import Pipeline, PipelineInputs, ResumeRequest, RunInputs, SavedRun, StepLog, Trainer
+
+ENGINE = "pytest-ftready engine"  # the engine's step_trainer: the name on each of its results
 
 
 class BuiltinPipeline(Pipeline):
@@ -24,66 +28,63 @@ class BuiltinPipeline(Pipeline):
         return [self.encoder.encode(row) for row in rows]
 
 
-def engine_step(state):
-    """The engine's worst-case step on the recipe's model (engine.step.StepMeasurement)."""
-    from ..engine.step import measure_step, plain_timer
-
-    return measure_step(state.recipe, state.training_examples(), state.tokenizer.pad_token_id, state.torch_device,
-                        state.shared_base, capacity_bytes=state.device.memory_total_bytes,
-                        count_tensors=not state.device.is_accelerator, timer=state.timer or plain_timer,
-                        rounds=state.recipe.checks.benchmark_rounds)
-
-
-def engine_overfit(state):
-    """The engine's overfit of the first ``overfit_examples`` trainable examples."""
-    from ..engine.overfit import overfit
-
-    examples = state.training_examples()[: state.recipe.checks.overfit_examples]
-    first = examples[0]
-    return overfit(state.recipe, examples, state.tokenizer.pad_token_id, state.torch_device, state.shared_base,
-                   prompt_ids=state.encoder.prompt_ids(first.row), stop_ids=state.encoder.stop_ids,
-                   save_to=state.scratch / "overfit-weights", example_where=first.row.where,
-                   progress=state.progress)
-
-
-def resume_steps(recipe) -> int:
-    """Steps of the straight run of the resume check (even, at least 2)."""
-    return max(2, recipe.checks.resume_steps // 2 * 2)
-
-
 class EngineTrainer(Trainer):
     name = "builtin"
-    step_trainer = "pytest-ftready engine"
+    step_trainer = ENGINE
+    label = "pytest-ftready's engine"
 
-    def pipeline(self, state) -> Pipeline:
-        return BuiltinPipeline(state.encoder)
+    def pipeline(self, inputs: PipelineInputs) -> Pipeline:
+        return BuiltinPipeline(inputs.encoder())
 
-    def step(self, state):
-        return state.engine_step
+    def step(self, inputs: RunInputs):
+        """The engine's worst-case step on the recipe's model (engine.step.StepMeasurement)."""
+        from ..engine.step import measure_step, plain_timer
 
-    def overfit(self, state):
-        return state.engine_overfit
+        device = inputs.device
+        measured = measure_step(inputs.recipe, inputs.examples, inputs.pad_id, inputs.torch_device, inputs.base,
+                                capacity_bytes=device.memory_total_bytes, count_tensors=not device.is_accelerator,
+                                timer=inputs.timer or plain_timer, rounds=inputs.recipe.checks.benchmark_rounds)
+        return replace(measured, trainer=self.step_trainer)
 
-    def saved_run(self, state):
-        """K uninterrupted steps, and K/2 steps saved as a checkpoint (engine.checkpoint.SavedRun)."""
+    def overfit(self, inputs: RunInputs):
+        """The engine's overfit of the first ``overfit_examples`` trainable examples."""
+        from ..engine.overfit import overfit
+
+        examples = list(inputs.examples[: inputs.recipe.checks.overfit_examples])
+        first, encoder = examples[0], inputs.encoder()
+        result = overfit(inputs.recipe, examples, inputs.pad_id, inputs.torch_device, inputs.base,
+                         prompt_ids=encoder.prompt_ids(first.row), stop_ids=inputs.stop_ids,
+                         save_to=inputs.scratch / "overfit-weights", example_where=first.row.where,
+                         progress=inputs.progress)
+        return replace(result, trainer=self.step_trainer)
+
+    def saved_run(self, inputs: RunInputs) -> SavedRun:
+        """K uninterrupted steps, and K/2 steps saved as the engine's checkpoint."""
         from ..engine.checkpoint import straight_and_half
 
-        steps = resume_steps(state.recipe)
-        state.progress(f"training {steps} + {steps // 2} steps for the resume check", force=True)
-        return straight_and_half(state.recipe, state.training_examples(), state.tokenizer.pad_token_id,
-                                 state.torch_device, state.shared_base, state.scratch / "resume-checkpoint", steps,
-                                 exact=not state.device.is_accelerator)
+        steps, examples = self.straight_run(inputs)
+        run = straight_and_half(inputs.recipe, examples, inputs.pad_id, inputs.torch_device, inputs.base,
+                                inputs.scratch / "resume-checkpoint", steps, exact=not inputs.device.is_accelerator)
+        logs = tuple(StepLog(i, loss) for i, loss in enumerate(run.straight_losses, start=1))
+        return SavedRun(run.folder, run.folder, steps, logs, run.checkpoint_bytes, run.exact)
 
-    def resume(self, state, saved) -> ResumeRun:
-        from ..engine.checkpoint import MissingState, compare_losses, load_state, resume_in_fresh_process
+    def check_saved(self, saved: SavedRun) -> None:
+        from ..engine.checkpoint import MissingState, load_state
 
         try:
             load_state(saved.folder)
         except MissingState as exc:
             raise Fail(f"the checkpoint lacks {exc}: a resume cannot continue the run") from None
-        half = saved.steps // 2
-        state.progress(f"lifecycle.resume: resuming step {half} in a fresh process", force=True)
-        resumed = resume_in_fresh_process(state.recipe, saved.folder, half, saved.steps, state.torch_device)
-        straight = saved.straight_losses
-        return ResumeRun(straight, resumed, saved.steps, saved.checkpoint_bytes,
-                         compare_losses(straight[half:], resumed, saved.exact))
+
+    def resume_here(self, request: ResumeRequest, recipe) -> list[StepLog]:
+        from ..engine.checkpoint import resume_and_train
+
+        inputs, half = request.inputs(recipe), request.steps // 2
+        losses = resume_and_train(recipe, inputs.base(), Path(request.folder), request.steps - half,
+                                  inputs.torch_device, inputs.pad_id, request.steps)
+        return [StepLog(half + i, loss) for i, loss in enumerate(losses, start=1)]
+
+    def difference(self, saved: SavedRun, resumed: Sequence[StepLog]) -> str:
+        from ..engine.checkpoint import compare_losses
+
+        return compare_losses(saved.straight_losses[saved.steps // 2:], [log.loss for log in resumed], saved.exact)

@@ -1,17 +1,23 @@
-"""What the trainers built on ``transformers.Trainer`` (TRL, Axolotl, LLaMA-Factory) share:
-the log of every optimizer step (loss, learning rate, tokens), a bounded ``train`` without
-the trainers' own deprecation noise, the measured worst-case step of a built Trainer, the
-parts of a Trainer checkpoint a resume needs, and the cause of a resume whose losses differ.
-Imports transformers only inside the functions that need it."""
+"""The template of every trainer built on ``transformers.Trainer`` (TRL, Axolotl, LLaMA-Factory):
+``HFTrainer`` runs the worst-case step, the overfit and the save-and-resume through the
+trainer's own ``transformers.Trainer``; a trainer supplies only ``built`` (how it builds its
+Trainer and model from the rows, a folder and the bounds) and, where it needs one, ``guarded``
+(what its runs must be wrapped in). Here too: the log of every optimizer step (loss, learning
+rate, tokens), a bounded ``train`` without the trainers' own deprecation noise, the measured
+step of a built Trainer, the parts of a Trainer checkpoint a resume needs, and the cause of a
+resume whose losses differ. Imports transformers only inside the functions that need it."""
 
 from __future__ import annotations
 
 import contextlib
 import math
+import tempfile
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, ContextManager, Iterator, Optional, Sequence
+
+from .base import Bounds, ResumeRequest, RunInputs, RunRows, SavedRun, StepLog, Trainer, worst_case_examples
 
 # The files of a transformers.Trainer checkpoint a resume needs, and what each holds.
 CHECKPOINT_PARTS = (("optimizer.pt", "the optimizer state (optimizer.pt)"),
@@ -26,16 +32,99 @@ TOKEN_KEYS = ("num_tokens", "num_input_tokens_seen", "tokens/trainable")
 
 
 @dataclass(frozen=True)
-class StepLog:
-    """One optimizer step as the Trainer logged it (``logging_steps = 1``)."""
+class Built:
+    """A trainer's own ``transformers.Trainer`` and the model it trains."""
 
-    step: int
-    loss: float
-    learning_rate: Optional[float]
-    tokens: Optional[float]  # tokens seen so far (TOKEN_KEYS), when logged
+    trainer: Any
+    model: Any
 
-    def to_list(self) -> list:
-        return [self.step, self.loss, self.learning_rate, self.tokens]
+
+class HFTrainer(Trainer):
+    """A trainer whose run is a ``transformers.Trainer``: the step, overfit, saved run and
+    fresh-process resume written once (see the module docstring)."""
+
+    def built(self, inputs: RunInputs, run: RunRows, bounds: Bounds,
+              callbacks: Sequence = ()) -> ContextManager[Built]:  # pragma: no cover - interface
+        """The trainer's own Trainer over ``run.rows`` (or ``run.rows_file``), writing under
+        ``run.folder``, bounded by ``bounds``, with ``callbacks``; quiet (``quiet``)."""
+        raise NotImplementedError
+
+    def guarded(self, inputs: RunInputs) -> ContextManager[None]:
+        """What every run of this trainer is wrapped in (Axolotl: its patches undone after it)."""
+        return contextlib.nullcontext()
+
+    def step(self, inputs: RunInputs):
+        """The worst-case micro-batch (the longest rows) through one step of the trainer's own
+        Trainer (``measure_step``): its collator pads, its loss and optimizer step."""
+        inputs.progress(f"model.step_memory: one step of {self.label}'s own trainer", True)
+        with self.guarded(inputs), tempfile.TemporaryDirectory(prefix=f"{self.name}-step-", dir=inputs.scratch) as out:
+            run = RunRows.of(Path(out), worst_case_examples(inputs))
+            with self.built(inputs, run, Bounds.step()) as built:
+                return replace(measure_step(inputs, built.trainer, built.model), trainer=self.step_trainer)
+
+    def overfit(self, inputs: RunInputs):
+        """The first ``overfit_examples`` rows, all of them in every optimizer step, through the
+        trainer's own Trainer at a constant learning rate until the loss threshold or
+        ``overfit_steps``; judged as the engine's overfit is (``engine.overfit.judged``)."""
+        from ..engine.overfit import judged
+        from ..engine.trainable import param_fingerprints
+
+        recipe, checks = inputs.recipe, inputs.recipe.checks
+        examples = list(inputs.examples[: checks.overfit_examples])
+        logger = step_logger(stop_below=checks.overfit_loss)
+        micro_batch = recipe.training.micro_batch_size
+        bounds = Bounds.overfit(checks.overfit_steps, micro_batch, math.ceil(len(examples) / micro_batch))
+        inputs.progress(f"model.overfit: {self.label}'s own trainer, up to {checks.overfit_steps} steps", True)
+        with self.guarded(inputs), tempfile.TemporaryDirectory(prefix=f"{self.name}-overfit-",
+                                                               dir=inputs.scratch) as out:
+            run = RunRows.of(Path(out), examples)
+            with self.built(inputs, run, bounds, [logger]) as built:
+                model = built.model
+                frozen, trained = param_fingerprints(model, trainable=False), param_fingerprints(model, trainable=True)
+                train(built.trainer)
+                first = examples[0]
+                result = judged(model, recipe, [log.loss for log in logger.logs], frozen, trained,
+                                prompt_ids=inputs.encoder().prompt_ids(first.row), stop_ids=inputs.stop_ids,
+                                pad_id=inputs.pad_id, torch_device=inputs.torch_device,
+                                # not the engine's folder: the engine's overfit, run beside it, saves there
+                                save_to=inputs.scratch / f"overfit-weights-{self.name}", example_where=first.row.where)
+        return replace(result, trainer=self.step_trainer)
+
+    def saved_run(self, inputs: RunInputs) -> SavedRun:
+        """``steps`` uninterrupted steps of the trainer's own Trainer, checkpointed by it at ``steps // 2``."""
+        from ..engine.checkpoint import checkpoint_bytes
+        from ..outcomes import Fail
+
+        steps, examples = self.straight_run(inputs)
+        run = RunRows.of(inputs.scratch / f"{self.name}-resume", examples)
+        logger = step_logger()
+        with self.guarded(inputs), self.built(inputs, run, Bounds.resume(steps), [logger]) as built:
+            train(built.trainer)
+        checkpoint = run.folder / f"checkpoint-{steps // 2}"
+        if not checkpoint.is_dir():
+            raise Fail(f"{self.label} wrote no checkpoint at step {steps // 2} in {run.folder} "
+                       f"(save_steps = {steps // 2})")
+        return SavedRun(run.folder, checkpoint, steps, tuple(logger.logs), checkpoint_bytes(checkpoint),
+                        not inputs.device.is_accelerator)
+
+    def resume_here(self, request: ResumeRequest, recipe) -> list[StepLog]:
+        """In the fresh process: the same trainer over the same rows, resumed from the checkpoint
+        with ``resume_from_checkpoint``; the logs of the steps it trains."""
+        inputs = request.inputs(recipe)
+        logger = step_logger()
+        with self.guarded(inputs), self.built(inputs, RunRows.resumed(Path(request.folder)),
+                                              Bounds.resume(request.steps), [logger]) as built:
+            train(built.trainer, resume_from_checkpoint=request.checkpoint)
+        return logger.logs
+
+    def difference(self, saved: SavedRun, resumed: Sequence[StepLog]) -> str:
+        return resume_difference(saved.logs, resumed, saved.checkpoint, saved.exact)
+
+
+def training_arguments(bounds: Bounds) -> dict:
+    """``bounds`` in transformers' TrainingArguments keys (TRL and LLaMA-Factory take them)."""
+    return {**bounds.keys("per_device_train_batch_size", "lr_scheduler_type"),
+            "save_strategy": "steps" if bounds.save_steps else "no"}
 
 
 def step_logger(stop_below: Optional[float] = None):
@@ -58,99 +147,20 @@ def step_logger(stop_below: Optional[float] = None):
     return StepLogger()
 
 
-def quiet(trainer) -> None:
-    """No progress bars or printed log dicts from a trainer the checks run."""
+def quiet(trainer, callbacks: Sequence = ()):
+    """No progress bars or printed log dicts from a trainer the checks run; ``callbacks`` added."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
-
-
-def row_data(examples: Sequence) -> list[dict]:
-    """The rows of training examples as the team wrote them: what a trainer's own run is fed."""
-    return [dict(e.row.data) for e in examples]
-
-
-ROWS_FILE = "rows.jsonl"  # the rows a trainer's own run reads, written under the run's scratch
-
-
-def write_rows(folder: Path, rows: Sequence[dict]) -> Path:
-    """``rows`` as ``folder/rows.jsonl``, owner-only (they are the team's data), for a trainer that
-    loads its dataset from a file."""
-    import json
-
-    from ..files import ensure_private_dir, write_private
-
-    path = ensure_private_dir(folder) / ROWS_FILE
-    write_private(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-    return path
-
-
-def worst_case_examples(state) -> list:
-    """The micro-batch of the longest training examples (repeated where there are fewer rows)."""
-    mb = state.recipe.training.micro_batch_size
-    longest = sorted(state.training_examples(), key=lambda e: e.length, reverse=True)[:mb]
-    return [longest[i % len(longest)] for i in range(mb)]
-
-
-@dataclass(frozen=True)
-class SavedRun:
-    """A trainer's uninterrupted run of ``steps`` and its own checkpoint at ``steps // 2``."""
-
-    folder: Path  # the run's output_dir, with what the fresh process needs to rebuild the trainer
-    checkpoint: Path  # checkpoint-<steps // 2>
-    steps: int
-    logs: tuple  # StepLog of every step of the uninterrupted run
-    checkpoint_bytes: int
-    exact: bool
-
-
-def saved(folder: Path, steps: int, logs: Sequence[StepLog], exact: bool, who: str) -> SavedRun:
-    """The SavedRun of a finished straight run whose trainer saved at ``steps // 2``."""
-    from ..outcomes import Fail
-
-    checkpoint = Path(folder) / f"checkpoint-{steps // 2}"
-    if not checkpoint.is_dir():
-        raise Fail(f"{who} wrote no checkpoint at step {steps // 2} in {folder} (save_steps = {steps // 2})")
-    return SavedRun(Path(folder), checkpoint, steps, tuple(logs), checkpoint_bytes(checkpoint), exact)
-
-
-def resumed_in_fresh_process(state, trainer_name: str, run: SavedRun, who: str):
-    """The trainer's ``resume_here`` of ``run.checkpoint`` in a fresh process (``trainers.worker``),
-    beside the straight run's losses (base.ResumeRun), the difference named by ``resume_difference``."""
-    from ..engine.checkpoint import run_worker
-    from . import worker
-    from .base import ResumeRun
-
-    state.progress(f"lifecycle.resume: resuming {who}'s checkpoint-{run.steps // 2} in a fresh process", force=True)
-    payload = run_worker(worker.command(trainer_name, str(state.recipe.source), str(run.folder), str(run.checkpoint),
-                                        str(run.steps), state.torch_device))
-    resumed = [StepLog(*log) for log in payload["logs"]]
-    return ResumeRun([log.loss for log in run.logs], [log.loss for log in resumed], run.steps, run.checkpoint_bytes,
-                     resume_difference(run.logs, resumed, run.checkpoint, run.exact))
-
-
-def weights_before(model) -> tuple[dict, dict]:
-    """Fingerprints of the frozen and the trainable weights, before an overfit trains them."""
-    from ..engine.trainable import param_fingerprints
-
-    return param_fingerprints(model, trainable=False), param_fingerprints(model, trainable=True)
-
-
-def judged_overfit(state, model, examples: Sequence, logs: Sequence[StepLog], before: tuple[dict, dict]):
-    """The overfit's verdict once a trainer trained ``model`` on ``examples`` (engine.overfit.judged)."""
-    from ..engine.overfit import judged
-
-    first = examples[0]
-    return judged(model, state.recipe, [log.loss for log in logs], *before,
-                  prompt_ids=state.encoder.prompt_ids(first.row), stop_ids=state.encoder.stop_ids,
-                  pad_id=state.tokenizer.pad_token_id, torch_device=state.torch_device,
-                  # not the engine's folder: the engine's overfit, run beside it, saves there
-                  save_to=state.scratch / f"overfit-weights-{state.trainer.name}", example_where=first.row.where)
+    for callback in callbacks:
+        if callback not in trainer.callback_handler.callbacks:
+            trainer.add_callback(callback)
+    return trainer
 
 
 @contextlib.contextmanager
-def trainer_warnings():
+def trainer_warnings() -> Iterator[None]:
     """The warnings a trainer's own code and imports raise (a model card that imports gradio and
     click while saving, its own defaults, its DataLoader's pin_memory without an accelerator,
     Axolotl's imports of TRL's experimental modules) are the trainer's, not the user's."""
@@ -168,7 +178,7 @@ def train(trainer, **kwargs) -> None:
         trainer.train(**kwargs)
 
 
-def measure_step(state, trainer, model):
+def measure_step(inputs: RunInputs, trainer, model):
     """One ``max_steps = 1`` run of a built Trainer over its worst-case micro-batch, its peak
     memory measured as the engine measures its own (``engine.memory.peak_memory``); then the
     trainer's own ``training_step`` and optimizer timed (engine.step.StepMeasurement). An out of
@@ -181,13 +191,13 @@ def measure_step(state, trainer, model):
     from ..engine.trainable import num_layers
     from ..outcomes import out_of_memory
 
-    device, capacity = state.torch_device, state.device.memory_total_bytes
+    device, capacity = inputs.torch_device, inputs.device.memory_total_bytes
     with trainer_warnings():
         batch = next(iter(trainer.get_train_dataloader()))
     tokens = int(batch["input_ids"].numel())
     layers = num_layers(model)
     try:
-        with peak_memory(device, count_tensors=not state.device.is_accelerator) as peak:
+        with peak_memory(device, count_tensors=not inputs.device.is_accelerator) as peak:
             train(trainer)
     except (RuntimeError, MemoryError) as exc:  # any allocator's out of memory (outcomes); other errors go on
         reason = out_of_memory(exc)
@@ -199,22 +209,18 @@ def measure_step(state, trainer, model):
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     peak_bytes = peak.device_reserved_bytes if peak.device_reserved_bytes is not None else weights + peak.tensor_bytes
     optimizer, scheduler = trainer.optimizer, trainer.lr_scheduler
-    inputs = trainer._prepare_inputs(batch)
+    prepared = trainer._prepare_inputs(batch)
 
     def one_step() -> None:  # the trainer's own training_step (its loss, its backward), then its optimizer
-        trainer.training_step(model, inputs)
+        trainer.training_step(model, prepared)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
 
-    seconds = (state.timer or plain_timer)(one_step, state.recipe.checks.benchmark_rounds)
+    seconds = (inputs.timer or plain_timer)(one_step, inputs.recipe.checks.benchmark_rounds)
     return StepMeasurement(peak_bytes, capacity, peak.host_bytes, peak.host_method, tokens, statistics.median(seconds),
                            breakdown(model, optimizer, peak_bytes), layers, peak.device_allocated_bytes,
                            peak.device_reserved_bytes)
-
-
-def checkpoint_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
 
 
 def _tokens_per_step(logs: Sequence[StepLog], before: Optional[float]) -> list:

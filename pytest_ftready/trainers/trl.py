@@ -20,25 +20,21 @@ itself; a resume is ``trainer.train(resume_from_checkpoint=...)`` in a fresh pro
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import json
 import math
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from ..data.encoding import Encoded
 from ..data.layouts import layout_of, read_sample
 from ..data.verify import IGNORE_INDEX, judge_labels
 from ..outcomes import Fail, Skip
-from .base import Pipeline, ResumeRun, Trainer, pipeline_stops
-from .builtin import resume_steps
+from .base import Bounds, Pipeline, PipelineInputs, RunInputs, RunRows
 from . import hf
 
-# SFTConfig keys of a TRL config that shape the examples beyond what the recipe says.
-TRL_DATA_KEYS = ("truncation_mode", "eos_token", "pad_token", "dataset_text_field", "padding_free",
-                 "packing_strategy", "completion_only_loss", "assistant_only_loss")
 ROW_KEY = "ftready_row"
 FIXES = ("Fix it one of these ways: (1) give TRL a training template whose assistant turns sit inside "
          "{% generation %} ... {% endgeneration %} (chat_template_path: a .jinja file, or [data] chat_template in "
@@ -64,11 +60,8 @@ def sft_settings(recipe, layout: Optional[str] = None) -> dict:
                 "assistant_only_loss": layout in CONVERSATIONS and data.train_on in ("assistant", "last_assistant"),
                 "completion_only_loss": layout in PROMPT_COMPLETION and data.train_on == "completion"}
     origin = recipe.origin
-    if origin is not None and origin.format == "trl":
-        from ..recipe.importers.base import read_yaml
-
-        raw = read_yaml(Path(origin.source))
-        settings.update({key: raw[key] for key in TRL_DATA_KEYS if raw.get(key) is not None})
+    if origin is not None and origin.format == "trl":  # the config's own keys that shape the examples
+        settings.update(origin.handed_to_preprocessing())
     return settings
 
 
@@ -187,18 +180,12 @@ class TrlPipeline(Pipeline):
 # ---- TRL's own run ---------------------------------------------------------------------------
 OPTIM = {"adamw": "adamw_torch", "adamw_8bit": "adamw_bnb_8bit", "paged_adamw": "paged_adamw_32bit",
          "paged_adamw_8bit": "paged_adamw_8bit", "sgd": "sgd", "adafactor": "adafactor"}
-# SFTConfig keys of a TRL config that the checks set themselves (a bounded run, its logs, no hub).
-RUN_KEYS = frozenset(("output_dir", "max_steps", "num_train_epochs", "save_strategy", "save_steps", "save_total_limit",
-                      "logging_steps", "logging_strategy", "logging_first_step", "report_to", "push_to_hub",
-                      "resume_from_checkpoint", "run_name", "do_eval", "eval_strategy", "eval_steps", "use_cpu",
-                      "disable_tqdm", "shuffle_dataset", "dataset_num_proc", "hub_model_id", "hub_strategy",
-                      "overwrite_output_dir", "load_best_model_at_end", "model_init_kwargs"))
-ROWS_FILE = "rows.json"
 
 
 def run_args(recipe, output_dir: Path, torch_device: str, **bounded):
     """The SFTConfig of the team's run: the recipe's training settings, a TRL config's own
-    SFTConfig keys over them (collator, optimizer, kernels), then ``bounded`` (steps, saving)."""
+    SFTConfig keys over them (collator, optimizer, kernels: those its key table hands TRL's
+    run), then ``bounded`` (steps, saving)."""
     import dataclasses
 
     SFTConfig, _ = trl_classes()
@@ -209,11 +196,8 @@ def run_args(recipe, output_dir: Path, torch_device: str, **bounded):
                 "gradient_checkpointing": bool(t.gradient_checkpointing), "seed": t.seed}
     origin = recipe.origin
     if origin is not None and origin.format == "trl":
-        from ..recipe.importers.base import read_yaml
-
-        fields = {f.name for f in dataclasses.fields(SFTConfig)}
-        raw = read_yaml(Path(origin.source))
-        settings.update({k: v for k, v in raw.items() if k in fields and k not in RUN_KEYS})
+        fields = {f.name for f in dataclasses.fields(SFTConfig)}  # TRL says which of the handed keys it takes
+        settings.update({k: v for k, v in origin.handed().items() if k in fields})
     settings.update(output_dir=str(output_dir), report_to="none", logging_steps=1, disable_tqdm=True,
                     use_cpu=not torch_device.startswith(("cuda", "mps")), dataset_num_proc=None, **bounded)
     with warnings.catch_warnings():  # TRL's own defaults trip transformers' deprecations: not the user's
@@ -241,13 +225,19 @@ def sft_trainer(model, tokenizer, rows: Sequence[dict], args, callbacks: Sequenc
     finally:
         if bars:
             datasets.enable_progress_bar()
-    hf.quiet(trainer)
-    return trainer
+    return hf.quiet(trainer)
 
 
-def resume_args(recipe, folder: Path, torch_device: str, steps: int):
-    return run_args(recipe, folder, torch_device, max_steps=steps, save_strategy="steps", save_steps=steps // 2,
-                    save_total_limit=None)
+def bounded_args(recipe, folder: Path, torch_device: str, bounds: Bounds) -> dict:
+    """``bounds`` as SFTConfig keys; for the worst-case step, TRL's collator padding every row to
+    the worst-case length (``worst_case_padding``)."""
+    bounded = hf.training_arguments(bounds)
+    if not bounds.shuffle:
+        bounded["shuffle_dataset"] = False
+    if bounds.worst_case:
+        args = run_args(recipe, folder, torch_device, **bounded)
+        bounded["pad_to_multiple_of"] = worst_case_padding(args, recipe.training.micro_batch_size)
+    return bounded
 
 
 def worst_case_padding(args, micro_batch: int) -> Optional[int]:
@@ -264,83 +254,24 @@ def worst_case_padding(args, micro_batch: int) -> Optional[int]:
     return row * micro_batch if packed else row
 
 
-class TrlTrainer(Trainer):
+class TrlTrainer(hf.HFTrainer):
+    """TRL's own run: an ``SFTTrainer`` over the raw rows with the recipe's model and adapter
+    (the engine's ``trainable``), so TRL tokenizes, collates, steps and checkpoints them itself."""
+
     name = "trl"
     step_trainer = "trl SFTTrainer"
+    label = "TRL"
     module = "trl"
     install = "pip install 'pytest-ftready[trl]'"
 
-    def pipeline(self, state) -> Pipeline:
-        return TrlPipeline(state.recipe, state.tokenizer, pipeline_stops(state))
+    def pipeline(self, inputs: PipelineInputs) -> Pipeline:
+        return TrlPipeline(inputs.recipe, inputs.tokenizer, inputs.stop_ids)
 
-    def step(self, state):
-        """The worst-case micro-batch (the longest rows, padded by TRL's collator to the
-        worst-case length: ``worst_case_padding``) through one SFTTrainer step (``hf.measure_step``)."""
+    @contextlib.contextmanager
+    def built(self, inputs: RunInputs, run: RunRows, bounds: Bounds, callbacks: Sequence = ()) -> Iterator[hf.Built]:
         from ..engine.trainable import trainable
 
-        recipe, device = state.recipe, state.torch_device
-        rows = hf.worst_case_examples(state)
-        with trainable(recipe, device, state.shared_base) as model, tempfile.TemporaryDirectory(
-                prefix="trl-step-", dir=state.scratch) as out:
-            bounded = dict(max_steps=1, save_strategy="no", gradient_accumulation_steps=1,
-                           lr_scheduler_type="constant", warmup_steps=0, shuffle_dataset=False)
-            args = run_args(recipe, Path(out), device, **bounded)
-            args = run_args(recipe, Path(out), device, **bounded,
-                            pad_to_multiple_of=worst_case_padding(args, recipe.training.micro_batch_size))
-            trainer = sft_trainer(model, state.tokenizer, hf.row_data(rows), args)
-            return hf.measure_step(state, trainer, model)
-
-    def overfit(self, state):
-        """The first ``overfit_examples`` rows, all of them in every optimizer step, through an
-        SFTTrainer at a constant learning rate until the loss threshold or ``overfit_steps``."""
-        from ..engine.trainable import trainable
-
-        recipe, device, checks = state.recipe, state.torch_device, state.recipe.checks
-        examples = state.training_examples()[: checks.overfit_examples]
-        mb = recipe.training.micro_batch_size
-        logger = hf.step_logger(stop_below=checks.overfit_loss)
-        state.progress(f"model.overfit: TRL SFTTrainer, up to {checks.overfit_steps} steps", force=True)
-        with trainable(recipe, device, state.shared_base) as model, tempfile.TemporaryDirectory(
-                prefix="trl-overfit-", dir=state.scratch) as out:
-            before = hf.weights_before(model)
-            args = run_args(recipe, Path(out), device, max_steps=checks.overfit_steps, save_strategy="no",
-                            per_device_train_batch_size=mb, gradient_accumulation_steps=math.ceil(len(examples) / mb),
-                            lr_scheduler_type="constant", warmup_steps=0)
-            hf.train(sft_trainer(model, state.tokenizer, hf.row_data(examples), args, [logger]))
-            return hf.judged_overfit(state, model, examples, logger.logs, before)
-
-    def saved_run(self, state) -> hf.SavedRun:
-        """``steps`` uninterrupted SFTTrainer steps, checkpointed by TRL at ``steps // 2``."""
-        from ..engine.trainable import trainable
-        from ..files import ensure_private_dir, write_private
-
-        recipe, device = state.recipe, state.torch_device
-        t = recipe.training
-        steps = resume_steps(recipe)
-        examples = state.training_examples()[: max(2, t.micro_batch_size * t.gradient_accumulation_steps * steps)]
-        folder = ensure_private_dir(state.scratch / "trl-resume")
-        rows = hf.row_data(examples)
-        write_private(folder / ROWS_FILE, json.dumps(rows))
-        logger = hf.step_logger()
-        state.progress(f"lifecycle.resume: {steps} SFTTrainer steps, a checkpoint at step {steps // 2}", force=True)
-        with trainable(recipe, device, state.shared_base) as model:
-            hf.train(sft_trainer(model, state.tokenizer, rows, resume_args(recipe, folder, device, steps), [logger]))
-        return hf.saved(folder, steps, logger.logs, not state.device.is_accelerator, "TRL")
-
-    def resume(self, state, saved: hf.SavedRun) -> ResumeRun:
-        return hf.resumed_in_fresh_process(state, "trl", saved, "TRL")
-
-    def resume_here(self, recipe, folder: Path, checkpoint: Path, steps: int, torch_device: str) -> list:
-        """In the fresh process: the same SFTTrainer over the same rows, resumed from
-        ``checkpoint`` with TRL's ``resume_from_checkpoint``; the logs of the steps it trains."""
-        from ..engine.loading import load_model, load_tokenizer
-        from ..engine.trainable import trainable
-
-        rows = json.loads((folder / ROWS_FILE).read_text())
-        tokenizer, base = load_tokenizer(recipe), load_model(recipe, torch_device)
-        logger = hf.step_logger()
-        with trainable(recipe, torch_device, lambda: base) as model:
-            trainer = sft_trainer(model, tokenizer, rows, resume_args(recipe, folder / "resumed", torch_device, steps),
-                                  [logger])
-            hf.train(trainer, resume_from_checkpoint=str(checkpoint))
-        return [log.to_list() for log in logger.logs]
+        recipe, device = inputs.recipe, inputs.torch_device
+        args = run_args(recipe, run.folder, device, **bounded_args(recipe, run.folder, device, bounds))
+        with trainable(recipe, device, inputs.base) as model:
+            yield hf.Built(sft_trainer(model, inputs.tokenizer, run.rows, args, callbacks), model)

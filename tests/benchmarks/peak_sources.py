@@ -93,7 +93,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from pytest_ftready.checks.registry import all_checks
     from pytest_ftready.machine.probes import read_machine
-    from pytest_ftready.recipe.schema import load_recipe
+    from pytest_ftready.recipe import load_recipe
     from pytest_ftready.session.state import RunState
 
     torch.set_num_threads(1)

@@ -29,7 +29,7 @@ def multi_recipe(tiny_example) -> Path:
 def make_multi_state(multi_recipe, tmp_path, real_machine, edit_recipe):
     """``make_multi_state(**recipe_edits)``: the tiny-multi recipe's RecipeState, in-process."""
     from pytest_ftready.checks.registry import all_checks
-    from pytest_ftready.recipe.schema import load_recipe
+    from pytest_ftready.recipe import load_recipe
     from pytest_ftready.session.state import RunState
 
     all_checks()

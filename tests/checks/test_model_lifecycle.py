@@ -94,11 +94,17 @@ def resume(state, folder, **sabotage):
 
 @pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_resume_is_exact_in_process_and_in_a_fresh_process(resumable):
-    from pytest_ftready.engine.checkpoint import compare_losses, resume_in_fresh_process
+    from dataclasses import asdict
+
+    from pytest_ftready.engine.checkpoint import compare_losses
+    from pytest_ftready.trainers import worker
+    from pytest_ftready.trainers.base import ResumeRequest
 
     state, folder, straight = resumable
     assert resume(state, folder) == straight[2:]
-    assert compare_losses(straight[2:], resume_in_fresh_process(state.recipe, folder, 2, 4, "cpu"), exact=True) == ""
+    request = ResumeRequest(str(state.recipe.source), str(folder), str(folder), 4, asdict(state.device))
+    resumed = [loss for _, loss, _, _ in worker.run("builtin", request)["logs"]]
+    assert compare_losses(straight[2:], resumed, exact=True) == ""
 
 
 @pytest.mark.parametrize("sabotage", [{"restore_rng": False}, {"scheduler_first": False}], ids=["rng", "scheduler-order"])

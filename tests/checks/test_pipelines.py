@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_ftready.outcomes import Fail
-from pytest_ftready.recipe.schema import load_recipe
+from pytest_ftready.recipe import load_recipe
 from pytest_ftready.session.state import RunState
 from pytest_ftready.tiny import CHATML
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 
 @pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 def test_two_runs_sharing_an_artifacts_folder_never_use_each_others_checkpoint(make_state, run_check, tiny_example,
                                                                                real_machine, monkeypatch):
-    from pytest_ftready.engine import checkpoint
-    from pytest_ftready.recipe.schema import load_recipe
+    from pytest_ftready.trainers import worker
+    from pytest_ftready.recipe import load_recipe
     from pytest_ftready.session.state import RunState
 
     first = make_state()
@@ -19,16 +21,16 @@ def test_two_runs_sharing_an_artifacts_folder_never_use_each_others_checkpoint(m
                       machine_factory=lambda: real_machine).recipe_state(load_recipe(other_recipe))
     assert first.artifacts == second.artifacts
 
-    real_resume = checkpoint.resume_in_fresh_process
+    real_resume = worker.run
     interleaved = []
 
-    def second_run_saves_in_between(recipe, folder, *args):
+    def second_run_saves_in_between(trainer, request, *args):
         if not interleaved:  # the first run saved its checkpoint; the second run does its whole resume now
-            interleaved.append(folder)
+            interleaved.append(Path(request.folder))
             run_check(second, "lifecycle.resume")
-        return real_resume(recipe, folder, *args)
+        return real_resume(trainer, request, *args)
 
-    monkeypatch.setattr(checkpoint, "resume_in_fresh_process", second_run_saves_in_between)
+    monkeypatch.setattr(worker, "run", second_run_saves_in_between)
     run_check(first, "lifecycle.resume")  # would resume the other run's state if they shared a folder
     assert first.scratch != second.scratch and first.scratch.parent == second.scratch.parent == first.artifacts
     assert interleaved[0].parent == first.scratch

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -111,7 +112,7 @@ HUGE_BATCH = textwrap.dedent("""
     from pytest_ftready.checks.registry import REGISTRY, all_checks
     from pytest_ftready.machine.probes import read_machine
     from pytest_ftready.outcomes import Fail
-    from pytest_ftready.recipe.schema import load_recipe
+    from pytest_ftready.recipe import load_recipe
     from pytest_ftready.session.context import CheckContext
     from pytest_ftready.session.state import RunState
 
@@ -254,20 +255,21 @@ def test_files_others_wrote_into_scratch_become_owner_only(tmp_path):
 
 @pytest.mark.faults_slow
 def test_resume_after_a_killed_run_removes_its_scratch_and_writes_owner_only(make_state, run_check, monkeypatch):
-    from pytest_ftready.engine import checkpoint
+    from pytest_ftready.trainers import worker
 
     state = make_state()
     proc, stale = _run_with_scratch(state.artifacts)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     seen = {}
-    real_resume = checkpoint.resume_in_fresh_process
+    real_resume = worker.run
 
-    def look_at_the_checkpoint(recipe, folder, *args):
+    def look_at_the_checkpoint(trainer, request, *args):
+        folder = Path(request.folder)
         seen.update({str(p.relative_to(folder)): stat.S_IMODE(p.stat().st_mode) for p in folder.rglob("*")})
-        return real_resume(recipe, folder, *args)
+        return real_resume(trainer, request, *args)
 
-    monkeypatch.setattr(checkpoint, "resume_in_fresh_process", look_at_the_checkpoint)
+    monkeypatch.setattr(worker, "run", look_at_the_checkpoint)
     run_check(state, "lifecycle.resume")
     assert not stale.exists()  # the killed run's checkpoint and weights are gone
     assert seen and all(mode in (0o600, 0o700) for mode in seen.values()), seen

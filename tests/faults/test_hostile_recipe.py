@@ -9,7 +9,9 @@ import socket
 
 import pytest
 
-from pytest_ftready.recipe.schema import MAX_NAME_CHARS, RecipeError, load_recipe
+from pytest_ftready.recipe.schema import MAX_NAME_CHARS, RecipeError
+
+from pytest_ftready.recipe import load_recipe
 
 MODEL = '[model]\nid = "org/m"\nrevision = "' + "a" * 40 + '"\n'
 GOOD_DATA = '[data]\ntrain = ["data/train.jsonl"]\n'

@@ -24,7 +24,7 @@ step.train_step = hung_step
 """
 HANG_WORKER = """
 import sys
-from pytest_ftready.engine import worker
+from pytest_ftready.trainers import worker
 
 def hung_worker(*args):
     return [sys.executable, "-c", "import os, time; open({pidfile!r}, 'w').write(str(os.getpid())); time.sleep(3600)"]

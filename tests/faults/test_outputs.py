@@ -18,7 +18,7 @@ DISK_FULL = textwrap.dedent("""
     from pytest_ftready.checks.registry import REGISTRY, all_checks
     from pytest_ftready.machine.probes import read_machine
     from pytest_ftready.outcomes import Fail
-    from pytest_ftready.recipe.schema import load_recipe
+    from pytest_ftready.recipe import load_recipe
     from pytest_ftready.session.context import CheckContext
     from pytest_ftready.session.state import RunState
 

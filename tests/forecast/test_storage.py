@@ -18,7 +18,7 @@ SHORT_FULL = [("adapter", "method", "none"), ("training", "gradient_accumulation
 
 @pytest.fixture(scope="module")
 def shared_state(tiny_model_dir, tmp_path_factory, real_machine):
-    from pytest_ftready.recipe.schema import load_recipe
+    from pytest_ftready.recipe import load_recipe
     from pytest_ftready.session.state import RunState
     from tests.conftest import copy_example
 

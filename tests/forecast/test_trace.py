@@ -69,7 +69,7 @@ def test_other_architectures_forecast_within_ten_percent(model_type, tmp_path, r
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from pytest_ftready.recipe.schema import load_recipe
+    from pytest_ftready.recipe import load_recipe
     from pytest_ftready.session.state import RunState
 
     extras, targets, dtype = ARCHITECTURES[model_type]
@@ -105,7 +105,7 @@ def test_a_kernel_the_architecture_lacks_is_a_trace_error_naming_it(tmp_path):
     from transformers import AutoConfig
 
     from pytest_ftready.forecast.trace import TraceError
-    from pytest_ftready.recipe.schema import load_recipe
+    from pytest_ftready.recipe import load_recipe
 
     AutoConfig.for_model("gemma2", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=16, vocab_size=1000).save_pretrained(tmp_path / "model")
@@ -127,7 +127,7 @@ def llama_8b_recipe(tmp_path):
     """A Llama-3.1-8B-shaped config.json (no weights) and a QLoRA recipe at 2048 tokens."""
     from transformers import LlamaConfig
 
-    from pytest_ftready.recipe.schema import load_recipe
+    from pytest_ftready.recipe import load_recipe
 
     LlamaConfig(**LLAMA_8B).save_pretrained(tmp_path / "model")
     assert not list((tmp_path / "model").glob("*.safetensors"))
@@ -213,7 +213,7 @@ def test_unknown_target_fails_naming_the_key(make_state, run_check):
 def test_hub_model_offline_skips_naming_what_it_needs(tmp_path, monkeypatch):
     import huggingface_hub.constants
 
-    from pytest_ftready.recipe.schema import load_recipe
+    from pytest_ftready.recipe import load_recipe
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     (tmp_path / "t.jsonl").write_text('{"text": "x"}\n')
@@ -229,7 +229,7 @@ def test_hub_model_reads_only_config_json_from_the_cache_at_the_pinned_revision(
 
     import huggingface_hub.constants
 
-    from pytest_ftready.recipe.schema import load_recipe
+    from pytest_ftready.recipe import load_recipe
 
     revision = "b" * 40
     snapshot = tmp_path / "hub" / "models--team--tiny" / "snapshots" / revision

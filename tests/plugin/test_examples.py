@@ -7,7 +7,7 @@ import pytest
 import shutil
 from pathlib import Path
 
-from pytest_ftready.recipe.schema import load_recipe
+from pytest_ftready.recipe import load_recipe
 from tests.helpers import outcomes
 
 ROOT = Path(__file__).resolve().parents[2]

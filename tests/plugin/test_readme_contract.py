@@ -307,7 +307,7 @@ def test_bad_option_values_are_usage_errors_naming_the_option(pytester, option, 
 
 def test_ftready_tiny_writes_a_runnable_example_anywhere(tmp_path, monkeypatch):
     """Outside the checkout: the recipe (and its data manifest) come with the model and data."""
-    from pytest_ftready.recipe.schema import load_recipe
+    from pytest_ftready.recipe import load_recipe
     from pytest_ftready.tiny import main
 
     monkeypatch.chdir(tmp_path)

@@ -67,7 +67,7 @@ def test_smollm2_gguf_passes_the_checks(pytester, tmp_path):
 def test_smollm2_forecast_is_within_ten_percent_of_the_measured_cpu_step(tmp_path, real_machine):
     """The memory forecast (config from the GGUF header, no weights) against the measured CPU step,
     for the recipe and each lever variant (~4 min on two cores)."""
-    from pytest_ftready.recipe.schema import load_recipe
+    from pytest_ftready.recipe import load_recipe
     from pytest_ftready.session.state import RunState
 
     run = RunState(artifacts_root=tmp_path / "arts", machine_factory=lambda: real_machine)

@@ -13,7 +13,8 @@ import yaml
 
 from pytest_ftready.recipe.importers import IMPORTERS
 from pytest_ftready.recipe.importers.table import load_table
-from pytest_ftready.recipe.schema import SCHEMA, RecipeError, load_recipe
+from pytest_ftready.recipe.schema import SCHEMA, RecipeError
+from pytest_ftready.recipe import load_recipe
 
 CONFORMANCE = Path(__file__).parent / "conformance"
 BASES = {"axolotl": "base.yml", "llamafactory": "base.yaml", "trl": "base.yaml"}

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from pytest_ftready.recipe.importers import detect
-from pytest_ftready.recipe.schema import RecipeError, load_recipe
+from pytest_ftready.recipe.schema import RecipeError
+from pytest_ftready.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "tiny"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_ftready.recipe.schema import SCHEMA, RecipeError, is_commit_hash, load_recipe, parse_recipe
+from pytest_ftready.recipe.schema import SCHEMA, RecipeError, is_commit_hash, parse_recipe
+
+from pytest_ftready.recipe import load_recipe
 
 GOOD = """
 [model]

@@ -62,7 +62,7 @@ def test_an_axolotl_config_runs_the_step_in_axolotls_trainer_beside_the_engines(
 
     assert AxolotlTrainer.__name__ == axolotl_run.trainer.step_trainer.split()[-1]  # the class Axolotl builds
     got = values(run_check(axolotl_run, "model.step_memory"))
-    assert axolotl_run.step is not axolotl_run.engine_step
+    assert axolotl_run.step.trainer == got["step_trainer"] != axolotl_run.engine_step.trainer
     assert got["peak_tensor_bytes"] > 0 and got["engine_peak_bytes"] > 0 and got["peak_vs_engine"] > 0
     # Axolotl pads the longest rows (79 tokens) to a multiple of 64: sequence_len 128, as the engine's worst case
     assert got["step_tokens"] == got["engine_step_tokens"] == 4 * 128

@@ -53,7 +53,7 @@ def test_a_llamafactory_config_checks_the_labels_llamafactory_makes(lf_state, ru
 def test_a_llamafactory_config_runs_the_step_in_its_trainer_beside_the_engines(lf_state, run_check):
     got = values(run_check(lf_state, "model.step_memory"))
     assert (got["pipeline"], got["step_trainer"]) == ("llamafactory", "llamafactory CustomSeq2SeqTrainer")
-    assert lf_state.step is not lf_state.engine_step
+    assert lf_state.step.trainer == got["step_trainer"] != lf_state.engine_step.trainer
     assert got["peak_tensor_bytes"] > 0 and got["engine_peak_bytes"] > 0
     # LLaMA-Factory pads a batch to its longest row (a multiple of 8); the engine's worst case to cutoff_len
     assert got["step_tokens"] % 8 == 0 and got["step_tokens"] <= got["engine_step_tokens"] == 4 * 128

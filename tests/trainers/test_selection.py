@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ftready.recipe.schema import load_recipe
+from pytest_ftready.recipe import load_recipe
 from pytest_ftready.trainers import TRAINERS, select_trainer, trainer_named
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -45,7 +45,7 @@ def test_a_trl_config_runs_the_step_in_trls_trainer_beside_the_engines(trl_state
     ctx = run_check(trl_state, "model.step_memory")
     got = values(ctx)
     assert got["pipeline"] == "trl" and got["step_trainer"] == "trl SFTTrainer"
-    assert trl_state.step is not trl_state.engine_step
+    assert trl_state.step.trainer == got["step_trainer"] != trl_state.engine_step.trainer
     assert got["peak_tensor_bytes"] > 0 and got["engine_peak_bytes"] > 0
     # the same worst-case micro-batch: TRL's collator pads the longest rows to max_length, as the engine does
     assert got["step_tokens"] == got["engine_step_tokens"] == 4 * 128

@@ -447,7 +447,7 @@ def main(argv: list[str]) -> int:
     import torch
     import torch.distributed as dist
 
-    from ...recipe.schema import load_recipe
+    from ...recipe import load_recipe
 
     torch.set_num_threads(spec.threads)
     recipe = load_recipe(recipe_path)

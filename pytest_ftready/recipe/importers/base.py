@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
-from ..schema import SCHEMA, TOP_KEYS, Recipe, RecipeError, validate_recipe
+from pyrsistent import freeze, pmap, thaw
+
+from ..schema import SCHEMA, TOP_KEYS, Recipe, RecipeError, did_you_mean, validate_recipe
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -37,6 +39,30 @@ class Translation:
     overridden: tuple[str, ...] = ()  # "[table] key: translated value -> side file's value"
     trainer_version: str = ""  # the trainer version whose keys and defaults were applied
     memory_notes: tuple[str, ...] = ()  # the caveats on memory the checks cannot model (a subset of caveats)
+    config: Mapping = field(default_factory=pmap)  # the config as parsed, frozen: read once, here
+    runs: tuple[tuple[str, str], ...] = ()  # (config key, what the trainer's own run gets: table.RUN_CLASSES)
+    preprocessing: tuple[str, ...] = ()  # the keys handed to the trainer's data preparation too
+    run_what: str = ""  # the trainer's own run, as messages name it
+    inputs: Mapping = field(default_factory=pmap)  # what else of the config's side files the trainer's run needs
+
+    def value(self, key: str, default: Any = None) -> Any:
+        """The config's own value of ``key`` (plain, a copy), or ``default``."""
+        return thaw(self.config[key]) if key in self.config else default
+
+    def handed(self) -> dict[str, Any]:
+        """The config's keys the trainer's own run is handed, as the config wrote them."""
+        return {key: self.value(key) for key, cls in self.runs if cls == "handed"}
+
+    def handed_to_preprocessing(self) -> dict[str, Any]:
+        """The config's keys (set, not null) the trainer's data preparation is handed."""
+        return {key: self.value(key) for key in self.preprocessing if self.config.get(key) is not None}
+
+    def sharding(self) -> list[str]:
+        """The config's keys, set, that shard the run over processes a launcher starts."""
+        return [key for key, cls in self.runs if cls == "sharding" and self.config.get(key)]
+
+    def input(self, name: str, default: Any = None) -> Any:
+        return thaw(self.inputs[name]) if name in self.inputs else default
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": self.format, "title": self.title, "source": self.source, "overrides": self.overrides,
@@ -44,6 +70,14 @@ class Translation:
                 "not_checked": [list(pair) for pair in self.not_checked], "caveats": list(self.caveats),
                 "classes": dict(self.classes), "unknown": list(self.unknown), "overridden": list(self.overridden),
                 "trainer_version": self.trainer_version, "memory_notes": list(self.memory_notes)}
+
+    def unchecked_lines(self) -> list[str]:
+        """The lines of ``header_lines`` saying what the checks do not reflect (its not-checked
+        keys and its notes): what a quiet run still prints."""
+        name = Path(self.source).name
+        lines = [f"ftready: {name} not checked ({len(self.not_checked)}): "
+                 + ", ".join(f"{key} ({why})" for key, why in self.not_checked)] if self.not_checked else []
+        return lines + [f"ftready: {name} note: {text}" for text in self.caveats]
 
     def header_lines(self) -> list[str]:
         """Terminal lines for pytest_report_header: what was translated, what was not."""
@@ -57,11 +91,7 @@ class Translation:
                          + ", ".join(dst for src, dst in self.mapped if src.startswith(side + " ")))
             if self.overridden:
                 lines.append(f"ftready: {name} overridden by {side}: " + "; ".join(self.overridden))
-        if self.not_checked:
-            lines.append(f"ftready: {name} not checked ({len(self.not_checked)}): "
-                         + ", ".join(f"{key} ({why})" for key, why in self.not_checked))
-        lines += [f"ftready: {name} note: {text}" for text in self.caveats]
-        return lines
+        return lines + self.unchecked_lines()
 
     def suite_properties(self) -> list[tuple[str, str]]:
         """JUnit suite properties: one per unchecked key and per caveat."""
@@ -93,14 +123,21 @@ class Builder:
         self.unknown: list[str] = []
         self.memory_notes: list[str] = []
         self.version = ""
+        self.runs: dict[str, str] = {}  # config key -> table.RUN_CLASSES (table.apply fills it)
+        self.run_keys = None  # the table's table.RunKeys (table.apply sets it)
+        self.inputs: dict[str, Any] = {}  # what the trainer's run needs of the side files (dataset_info.json ...)
 
     def put(self, source: str, table: str, key: str, value: Any) -> None:
         self.tables.setdefault(table, {})[key] = value
         self.mapped.append((source, f"[{table}] {key}"))
 
-    def caveat(self, source: str, text: str, memory: bool = False) -> None:
+    def caveat(self, source: str, text: str, memory: bool = False, handed: bool = False) -> None:
         """A value that changes what the checks mean; ``memory``: a lever the memory checks cannot
-        model, with the bound of their error (shown by model.step_memory and model.memory_forecast)."""
+        model, with the bound of their error (shown by model.step_memory and model.memory_forecast);
+        ``handed``: the trainer's own run is handed the key, so the note concerns the built-in
+        engine's run only, and says so."""
+        if handed:
+            text += f" (the built-in engine's run; {self.run_keys.what} is handed {source} as written)"
         self.caveats.append(f"{source}: {text}")
         if memory:
             self.memory_notes.append(f"{source}: {text}")
@@ -139,10 +176,12 @@ class Builder:
                 self.tables["model"]["revision"] = revision
 
     def translation(self, overrides: str, overridden: tuple[str, ...] = ()) -> Translation:
+        run = self.run_keys
         return Translation(self.format, self.title, str(self.path), tuple(self.mapped),
                            tuple(sorted(self.unchecked.items())), tuple(self.caveats), overrides,
                            tuple(self.classes.items()), tuple(self.unknown), tuple(overridden), self.version,
-                           tuple(self.memory_notes))
+                           tuple(self.memory_notes), freeze(self.raw), tuple(self.runs.items()),
+                           run.preprocessing if run else (), run.what if run else "", freeze(self.inputs))
 
     def finish(self) -> Recipe:
         """Apply the side TOML, validate through the recipe schema, attach the translation."""
@@ -215,9 +254,7 @@ def read_side_toml(side: Path) -> dict:
         raise RecipeError(side, "", f"not valid TOML: {exc}") from None
     for key in raw:
         if key not in SCHEMA and key not in TOP_KEYS:
-            from ..schema import _did_you_mean
-
-            raise RecipeError(side, key, "unknown table or key" + _did_you_mean(key, [*SCHEMA, *TOP_KEYS]))
+            raise RecipeError(side, key, "unknown table or key" + did_you_mean(key, [*SCHEMA, *TOP_KEYS]))
     return raw
 
 

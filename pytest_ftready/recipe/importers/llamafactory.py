@@ -20,6 +20,7 @@ OPENAI_TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user",
 MEDIA_COLUMNS = ("images", "videos", "audios")
 ENTRY_KEYS = ("file_name", "formatting", "columns", "tags", "hf_hub_url", "ms_hub_url", "om_hub_url", "script_url",
               "cloud_file_name")
+SHAPING_KEYS = ("formatting", "columns", "tags", "ranking")  # what of a dataset entry shapes the examples
 
 
 def translate(b: Builder) -> None:
@@ -128,9 +129,17 @@ def _data(b: Builder) -> None:
         b.caveat("dataset_dir", f"{info_path} not found (LLaMA-Factory reads the datasets' descriptions there): "
                  "the datasets cannot be read; set [data] train in ftready.toml, or dataset_dir to the folder "
                  "holding dataset_info.json")
+        b.inputs["dataset_entry_unreadable"] = (
+            f"LLaMA-Factory's own pipeline reads the config's datasets as {info_path} describes them, and it cannot "
+            f"be read (FileNotFoundError); set dataset_dir in {b.path.name} to the folder holding dataset_info.json")
         info = None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise b.fail("dataset_dir", f"{info_path} cannot be read as JSON: {exc}") from None
+    if info is not None and not isinstance(info, dict):
+        raise b.fail("dataset_dir", f"{info_path} holds a JSON {type(info).__name__}; LLaMA-Factory reads an object "
+                     "there, one description per dataset name ({\"my_chats\": {\"file_name\": ...}})")
+    if info is not None:
+        _dataset_entry(b, names, info, info_path)
     files: list[Path] = []
     for name in names if info is not None else []:
         where = f"dataset {name!r}"
@@ -177,6 +186,20 @@ def _data(b: Builder) -> None:
         b.put("mask_history", "data", "train_on", "last_assistant")
     else:
         b.put("train_on_prompt (default False)", "data", "train_on", "assistant")
+
+
+def _dataset_entry(b: Builder, names: list, info: dict, info_path: Path) -> None:
+    """What of the datasets' descriptions shapes the examples, for LLaMA-Factory's own run: the
+    checks hand it their rows as one dataset described the same way."""
+    shapes = {json.dumps({k: info[n][k] for k in SHAPING_KEYS if k in info[n]}, sort_keys=True)
+              for n in names if isinstance(info.get(n), dict)}
+    if len(shapes) == 1:
+        b.inputs["dataset_entry"] = json.loads(shapes.pop())
+    elif shapes:
+        b.inputs["dataset_entry_mixed"] = (
+            f"{b.path}: datasets {', '.join(names)} are described with {len(shapes)} different formattings, columns "
+            f"or tags in {info_path}; the checks hand every training file to LLaMA-Factory as one dataset: keep one "
+            "description per config")
 
 
 HANDLERS = {**SHARED_HANDLERS, "mixed_precision": SHARED_HANDLERS["precision"], "quantization": _quantization,

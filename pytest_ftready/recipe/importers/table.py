@@ -10,8 +10,15 @@ config through its table so that every key ends in exactly one class:
 - ``refused``: the config is not text SFT (or not what the checks can judge): one line naming
   the key, unless its value is one the row allows.
 
-A key no row names is noted as unknown (with a "did you mean" when one is close). Reads files
-only; imports no trainer."""
+A key no row names is noted as unknown (with a "did you mean" when one is close).
+
+A table's ``[run]`` section says what the trainer's own run (the checks running the trainer's
+code over the team's rows) is handed of a config: each key is ``handed`` (as the config wrote
+it), ``set`` (the checks set it for their bounded run: output, steps, saving, logs, no hub),
+``sharding`` (it shards the run over processes a launcher starts, which one test process cannot
+make) or ``neither`` (the run sees it through the recipe, or not at all); ``preprocessing``
+lists the keys handed to the trainer's data preparation too. A note on a handed key concerns
+the built-in engine's run only, and says so. Reads files only; imports no trainer."""
 
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 KEYS_DIR = Path(__file__).with_name("keys")
 CLASSES = ("translated", "noted", "refused")
+RUN_CLASSES = ("handed", "set", "sharding", "neither")
 NOT_SET = object()  # a row without a default: the trainer's own is "unset"
 MISSING = object()  # a value that leaves the recipe as it is
 
@@ -62,11 +70,31 @@ class Row:
 
 
 @dataclass(frozen=True)
+class RunKeys:
+    """What a trainer's own run is handed of a config (a key table's ``[run]`` section)."""
+
+    what: str  # the run, as messages name it: "TRL's own run (SFTTrainer)"
+    default: str = "neither"  # the class of a key the section does not list
+    listed: tuple[tuple[str, str], ...] = ()  # (key, class)
+    neither_from: tuple[str, ...] = ()  # the keys of rows defined in these sources are never handed
+    preprocessing: tuple[str, ...] = ()  # keys handed to the trainer's data preparation too
+
+    def of(self, key: str, row: Optional[Row]) -> str:
+        listed = dict(self.listed)
+        if key in listed:
+            return listed[key]
+        if row is not None and self.neither_from and row.source.endswith(self.neither_from):
+            return "neither"
+        return self.default
+
+
+@dataclass(frozen=True)
 class KeyTable:
     trainer: str
     version: str
     source: str
     rows: tuple[Row, ...]
+    run: RunKeys = RunKeys("")
 
     def row(self, key: str) -> Optional[Row]:
         exact = [r for r in self.rows if not r.prefix and r.matches(key)]
@@ -97,7 +125,20 @@ def load_table(trainer: str) -> KeyTable:
     if meta.get("include"):  # a shared table (transformers' TrainingArguments); own rows win by name
         own = {name for row in rows for name in row.names}
         rows += [row for row in load_table(meta["include"]).rows if not own & set(row.names)]
-    return KeyTable(meta["name"], meta["version"], meta["source"], tuple(rows))
+    return KeyTable(meta["name"], meta["version"], meta["source"], tuple(rows), _run_keys(path, raw.get("run")))
+
+
+def _run_keys(path: Path, raw: Optional[dict]) -> RunKeys:
+    """A table's ``[run]`` section (none: the trainer's own run is handed nothing)."""
+    if raw is None:
+        return RunKeys("")
+    listed = tuple((key, cls) for cls in RUN_CLASSES for key in raw.get(cls, ()))
+    default = raw.get("default", "neither")
+    if default not in RUN_CLASSES or any(key not in RUN_CLASSES + ("what", "default", "neither_from", "preprocessing")
+                                         for key in raw):
+        raise ValueError(f"{path} [run]: default must be one of {RUN_CLASSES}; keys: what, default, neither_from, "
+                         f"preprocessing and the classes")
+    return RunKeys(raw["what"], default, listed, tuple(raw.get("neither_from", ())), tuple(raw.get("preprocessing", ())))
 
 
 Handler = Callable[[Builder, Row, str, Any, bool], None]
@@ -111,6 +152,7 @@ def apply(b: Builder, table: KeyTable, handlers: dict[str, Handler], raw: Option
     asked (TRL's dataclasses)."""
     raw = b.raw if raw is None else raw
     defaults = defaults or {}
+    b.run_keys = table.run
     for row in table.rows:
         if row.cls != "translated" or row.prefix or any(n in raw for n in (row.names[0], *row.aliases)):
             continue
@@ -119,6 +161,7 @@ def apply(b: Builder, table: KeyTable, handlers: dict[str, Handler], raw: Option
             _translate(b, row, f"{row.names[0]} (default {default})", default, handlers, True)
     for key, value in raw.items():
         row = table.row(key)
+        b.runs[key] = table.run.of(key, row)
         if row is None:
             _unknown(b, table, key)
             continue
@@ -133,7 +176,7 @@ def apply(b: Builder, table: KeyTable, handlers: dict[str, Handler], raw: Option
             if row.effect == "none":
                 b.not_checked(key, row.does)
             elif value is not None and value is not False and value != row.default:
-                b.caveat(key, row.note or row.does, memory=row.effect == "memory")
+                b.caveat(key, row.note or row.does, memory=row.effect == "memory", handed=b.runs[key] == "handed")
             else:
                 b.not_checked(key, f"{row.does} (off here)")
         else:
@@ -177,7 +220,8 @@ def _translate(b: Builder, row: Row, name: str, value: Any, handlers: dict[str, 
             table, _, key = row.recipe.partition(".")
             b.put(name, table, key, converted)
     if row.note and not default and value not in (None, False):
-        b.caveat(name.split(" ")[0], row.note, memory=row.effect == "memory")
+        key = name.split(" ")[0]
+        b.caveat(key, row.note, memory=row.effect == "memory", handed=b.runs.get(key) == "handed")
 
 
 def convert(row: Row, value: Any) -> Any:

@@ -1,0 +1,30 @@
+"""Loading a recipe from its file: the one entry point above the schema (recipe.toml) and the
+importers (a trainer's YAML config), so that neither needs the other's loader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .importers import load_config
+from .schema import MAX_RECIPE_BYTES, Recipe, RecipeError, parse_recipe
+
+
+def load_recipe(path: Path | str) -> Recipe:
+    """Read and validate the recipe file at ``path``: a recipe.toml through the schema, a trainer's
+    YAML config (TRL, Axolotl, LLaMA-Factory) through ``recipe.importers``."""
+    path = Path(path)
+    if path.suffix.lower() in (".yaml", ".yml"):  # TRL / Axolotl / LLaMA-Factory config
+        return load_config(path)
+    try:
+        if path.exists() and not path.is_file():  # a FIFO would block the read forever; a device never ends
+            what = "a folder" if path.is_dir() else "not a regular file (a FIFO, socket or device)"
+            raise RecipeError(path, "", f"is {what}; pass --ftready=PATH to a recipe.toml file")
+        if path.stat().st_size > MAX_RECIPE_BYTES:
+            raise RecipeError(path, "", f"holds {path.stat().st_size:,} bytes, more than the {MAX_RECIPE_BYTES:,} "
+                              "a recipe may: pass the recipe.toml, not a data or model file")
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecipeError(path, "", "file not found; pass --ftready=PATH to an existing recipe.toml") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError(path, "", f"cannot be read: {exc}") from None
+    return parse_recipe(text, path)
