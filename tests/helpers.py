@@ -56,3 +56,39 @@ def job_result(mode: str, phases: dict, failure=None, ranks=(0, 1)):
     outcomes_ = {r: RankOutcome(r, {"phase": finished, "phases": phases}) for r in ranks}
     return JobResult(mode, ["torchrun"], len(ranks), 0 if failure is None else 1, False, 1.0, outcomes_, failure, 0,
                      Path("."))
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def bundled_examples(folder: Path, model_dir: Path) -> Path:
+    """examples/ copied into ``folder`` as a user's checkout holds it after the README's first line
+    (``python -m pytest_ftready.tiny examples/tiny``): every config and data file, the tiny model
+    at examples/tiny/model (a link to the session's build). Returns ``folder``."""
+    import shutil
+
+    shutil.copytree(EXAMPLES, folder, ignore=shutil.ignore_patterns("model", "runs", ".ftready", "backups"))
+    (folder / "tiny" / "model").symlink_to(model_dir)
+    return folder
+
+
+def run_as_written(folder: Path, command: str, env: dict | None = None):
+    """A README command (``pytest --ftready=trl-sft.yaml``) run from ``folder`` with this interpreter,
+    its JUnit XML written beside: (the finished process, each check's outcome by name)."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    words = shlex.split(command)
+    assert words[0] == "pytest", command
+    clean = {k: v for k, v in os.environ.items() if k not in ("GITHUB_STEP_SUMMARY", "FTREADY_BASELINE")}
+    done = subprocess.run([sys.executable, "-m", *words, "--junitxml=out.xml", "-p", "no:cacheprovider"], cwd=folder,
+                          env={**clean, **(env or {})}, capture_output=True, text=True)
+    return done, outcomes(folder / "out.xml") if (folder / "out.xml").exists() else {}
+
+
+def assert_green(done, found: dict) -> None:
+    """Exit 0, and every check passed or skipped (a skip names what it needs)."""
+    failed = {name: message[:300] for name, (state, message) in found.items() if state == "failed"}
+    assert done.returncode == 0 and found and not failed, (failed, done.stdout[-3000:], done.stderr[-2000:])

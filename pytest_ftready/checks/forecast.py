@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..outcomes import Fail, Skip
 from ..units import human_bytes
+from ..trainers import ENGINE
 from .registry import STAGES, check
 
 FORECAST_TOLERANCE = 0.10  # the bar the suite holds the forecast to against the real CPU step
@@ -44,9 +45,10 @@ def memory_forecast(ctx) -> None:
 
 @check("model.forecast_error", stage=STAGES["model.step"], requires=("stack.precision", "stack.kernels"))
 def forecast_error(ctx) -> None:
-    """The forecast against the real step's peak here (CPU: live tensor bytes; CUDA: max_memory_allocated),
-    the step the recipe's trainer runs: a trainer's own step (TRL's SFTTrainer, ...) where it runs one."""
+    """The forecast of the step that ran here (the recipe's trainer's, on this device) against its measured peak
+    (CPU: live tensor bytes; CUDA: max_memory_allocated), the target device's forecast beside it."""
     from ..forecast.trace import ConfigUnavailable, TraceError, error_share, forecast, measured_step_peak
+    from ..forecast.trainers import measured_step
 
     device = ctx.torch_device()
     kind = ctx.device.kind
@@ -57,42 +59,41 @@ def forecast_error(ctx) -> None:
     if loss in ("fused_linear", "cut_cross_entropy") and kind != "cuda":
         raise Skip(f"the real step's [training] loss = \"{loss}\" needs its Triton kernel on an NVIDIA GPU; this "
                    f"machine trains on {kind} (the forecast models the kernel: see model.memory_forecast)")
+    trainer = ctx.state.trainer
+    if trainer.name == ENGINE:
+        measured, tokens = measured_step_peak(ctx.state, ctx.recipe, device, count_tensors=not on_accelerator), None
+    else:  # the trainer's own step, the run the team launches
+        measured, tokens = trainers_step_peak(ctx, on_accelerator)
+    step = measured_step(trainer.name, kind, tokens)
     report = ctx.state.computed("memory_forecast")
-    if report is not None and (report.target is not None and report.target.kind in ("cuda", "rocm")) == on_accelerator:
+    if report is not None and report.forecast.step == step:
         predicted = report.forecast
-    else:  # the optimizer must be traced as this device runs it
+    else:  # the forecast of the path that ran here: this device's kernels and optimizer, this trainer's step
         try:
-            predicted = forecast(ctx.recipe, accelerator_optimizer=on_accelerator)
+            predicted = forecast(ctx.recipe, step=step)
         except (ConfigUnavailable, TraceError) as exc:
             raise Skip(f"no forecast to compare: {exc}") from None
-    method = "max_memory_allocated" if on_accelerator else "weights + live tensor bytes"
-    engine_measured = measured_step_peak(ctx.state, ctx.recipe, device, count_tensors=not on_accelerator)
-    trainer = ctx.state.trainer
+        if report is not None:  # the target device's forecast beside it (another device may run other kernels)
+            ctx.measure("target_forecast_peak", report.forecast.peak_bytes, "bytes", estimate=True)
+            ctx.measure("target_forecast_path", report.forecast.path, "")
     ctx.measure("forecast_peak", predicted.peak_bytes, "bytes", estimate=True)
+    ctx.measure("forecast_path", predicted.path, "")
     ctx.measure("measured_step_trainer", trainer.step_trainer, "")
-    if trainer.name == "builtin":
-        measured, engine_note = engine_measured, ""
-    else:  # the trainer's own step is the run the team launches; the engine's, which the forecast models, beside it
-        measured = trainers_step_peak(ctx, on_accelerator)
-        engine_error = error_share(predicted.peak_bytes, engine_measured)
-        ctx.measure("engine_measured_peak", engine_measured, "bytes")
-        ctx.measure("engine_forecast_error", engine_error, "share")
-        engine_note = (f" (the forecast models pytest-ftready's engine step, whose measured "
-                       f"{human_bytes(engine_measured)} it is {engine_error:+.0%} off)")
     ctx.measure("measured_peak", measured, "bytes")
-    ctx.measure("measured_peak_method", method, "")
+    ctx.measure("measured_peak_method", "max_memory_allocated" if on_accelerator else "weights + live tensor bytes", "")
     error = error_share(predicted.peak_bytes, measured)
     ctx.measure("forecast_error", error, "share")
     if abs(error) > FORECAST_TOLERANCE:
         raise Fail(f"the forecast peak {human_bytes(predicted.peak_bytes)} is {error:+.0%} off the measured "
-                   f"{human_bytes(measured)} of {trainer.step_trainer}'s step (tolerance {FORECAST_TOLERANCE:.0%})"
-                   f"{engine_note}: model.memory_forecast's verdict is not to be trusted for this recipe here; judge "
-                   "by model.step_memory")
+                   f"{human_bytes(measured)} of {trainer.step_trainer}'s step on {kind} (tolerance "
+                   f"{FORECAST_TOLERANCE:.0%}; forecast path: {predicted.path}): model.memory_forecast's verdict is "
+                   "not to be trusted for this recipe here; judge by model.step_memory")
 
 
-def trainers_step_peak(ctx, on_accelerator: bool) -> int:
+def trainers_step_peak(ctx, on_accelerator: bool) -> tuple[int, int]:
     """The peak of the step the recipe's trainer ran (model.step_memory's fact), as the forecast
-    counts it: the allocator's allocated peak on an accelerator, weights + live tensors on a CPU."""
+    counts it (the allocator's allocated peak on an accelerator, weights + live tensors on a CPU),
+    and the token positions of the micro-batch it ran."""
     name = ctx.state.trainer.step_trainer
     try:
         step = ctx.state.step
@@ -103,5 +104,5 @@ def trainers_step_peak(ctx, on_accelerator: bool) -> int:
         raise Skip(f"{name}'s step ran out of memory here, so it has no peak to judge the forecast by "
                    "(model.step_memory reports it)")
     if on_accelerator and step.device_allocated_bytes is not None:
-        return step.device_allocated_bytes
-    return step.peak_bytes
+        return step.device_allocated_bytes, step.tokens_per_step
+    return step.peak_bytes, step.tokens_per_step

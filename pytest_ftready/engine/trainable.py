@@ -229,23 +229,32 @@ class LossPlan:
     """How the loss meets the vocabulary: ``full`` (the model's own loss over all logits) or
     ``chunked`` (logits of ``chunks`` pieces of the sequence, one at a time: each piece is
     recomputed in the backward, so at most one piece's logits live); ``fused_linear`` (Liger)
-    and ``cut_cross_entropy`` (Apple's CCE) call their GPU kernels."""
+    and ``cut_cross_entropy`` (Apple's CCE) call their GPU kernels. ``dtype``: the full and
+    chunked losses upcast the logits to ``float32`` first, or stay in the ``compute`` dtype."""
 
     kind: str = "full"
     chunks: int = 1
+    dtype: str = "float32"
 
 
 def loss_plan(recipe) -> LossPlan:
     t = recipe.training
-    return LossPlan(t.loss, t.loss_chunks if t.loss == "chunked" else 1)
+    return LossPlan(t.loss, t.loss_chunks if t.loss == "chunked" else 1, t.loss_dtype)
 
 
 def step_loss(model, batch: dict):
     """The mean loss of one batch over its trained tokens, as the model's ``LossPlan`` computes it."""
     plan = getattr(model, LOSS_ATTRIBUTE, None) or LossPlan()
-    if plan.kind == "full":
+    if plan.kind == "full" and plan.dtype == "float32":  # the model's own loss (transformers upcasts the logits)
         return model(**batch, use_cache=False).loss
     import torch
+
+    if plan.kind == "full":  # every logit held in the compute dtype, the cross-entropy run in it too
+        logits = model(**{k: v for k, v in batch.items() if k != "labels"}, use_cache=False).logits
+        labels = torch.nn.functional.pad(batch["labels"], (0, 1), value=-100)[..., 1:]
+        trained = (labels != -100).sum().clamp(min=1)
+        return torch.nn.functional.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=-100,
+                                                 reduction="sum") / trained
 
     causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     scaled = {k: v for k, v in vars(causal_lm.config).items() if k in LOGIT_SCALING and v not in (None, 1, 1.0)}
@@ -258,33 +267,35 @@ def step_loss(model, batch: dict):
     labels = torch.nn.functional.pad(batch["labels"], (0, 1), value=-100)[..., 1:]  # the next token's label
     trained = (labels != -100).sum().clamp(min=1)
     if plan.kind == "chunked":
-        return _chunked_loss(hidden, head, labels, plan.chunks) / trained
+        return _chunked_loss(hidden, head, labels, plan.chunks, plan.dtype == "float32") / trained
     return _kernel_loss(plan.kind, hidden, head, labels) / trained
 
 
 def loss_forward_module(model):
     """The module whose forward ``step_loss`` runs: the model itself for the full loss (its
-    forward returns the loss); the decoder for the others (the loss follows it, piece by piece)."""
+    forward returns the loss or the logits); the decoder for the others (the loss follows it,
+    piece by piece)."""
     plan = getattr(model, LOSS_ATTRIBUTE, None) or LossPlan()
     if plan.kind == "full":
         return model
     return (model.get_base_model() if hasattr(model, "get_base_model") else model).get_decoder()
 
 
-def _chunk_loss(hidden, weight, bias, labels):
+def _chunk_loss(hidden, weight, bias, labels, upcast: bool = True):
     import torch
 
-    logits = torch.nn.functional.linear(hidden, weight, bias).float()
+    logits = torch.nn.functional.linear(hidden, weight, bias)
+    logits = logits.float() if upcast else logits
     return torch.nn.functional.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=-100,
                                              reduction="sum")
 
 
-def _chunked_loss(hidden, head, labels, chunks: int):
+def _chunked_loss(hidden, head, labels, chunks: int, upcast: bool = True):
     from torch.utils.checkpoint import checkpoint
 
     total = None
     for h, y in zip(hidden.chunk(chunks, dim=1), labels.chunk(chunks, dim=1)):
-        part = checkpoint(_chunk_loss, h, head.weight, head.bias, y, use_reentrant=False)
+        part = checkpoint(_chunk_loss, h, head.weight, head.bias, y, upcast, use_reentrant=False)
         total = part if total is None else total + part
     return total
 
@@ -308,11 +319,13 @@ def _kernel_loss(kind: str, hidden, head, labels):
         raise Fail(f"[training] loss = \"{kind}\" needs {package}: pip install {package}") from None
 
 
-def train_step(model, optimizer, scheduler, batches: Sequence[dict], device: str) -> float:
-    """One optimizer step over ``batches`` (gradient accumulation); returns the mean loss."""
+def train_step(model, optimizer, scheduler, batches: Sequence[dict], device: str,
+               loss_of: Callable[[Any, dict], Any] = step_loss) -> float:
+    """One optimizer step over ``batches`` (gradient accumulation); returns the mean loss.
+    ``loss_of(model, batch)``: the loss of one batch (the forecast traces trainers' own losses)."""
     total = 0.0
     for batch in batches:
-        loss = step_loss(model, to_device(batch, device)) / len(batches)
+        loss = loss_of(model, to_device(batch, device)) / len(batches)
         loss.backward()
         total += float(loss.detach())
     optimizer.step()

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 from ..engine.breakdown import Breakdown
 from ..machine.targets import Target
 from .trace import Forecast, TraceError, forecast, forecast_config
+from .trainers import Step, device_of, recipe_trainer, resolve
 
 TRACED, ESTIMATE = "traced", "estimate"
 
@@ -52,8 +53,9 @@ def _dtype_bytes(recipe) -> int:
     return 4 if recipe.model.dtype == "float32" else 2
 
 
-def candidates(recipe, p95_length: Optional[float] = None) -> list[Candidate]:
-    """The levers this recipe can still pull, in the order the advice lists ties."""
+def candidates(recipe, p95_length: Optional[float] = None, recipe_loss: bool = True) -> list[Candidate]:
+    """The levers this recipe can still pull, in the order the advice lists ties. ``recipe_loss``:
+    whether the trainer's step computes the recipe's ``[training] loss`` (TRL computes its own)."""
     t, m, a, d = recipe.training, recipe.model, recipe.adapter, recipe.data
     tokens = t.micro_batch_size * d.max_length
     out = []
@@ -77,7 +79,7 @@ def candidates(recipe, p95_length: Optional[float] = None) -> list[Candidate]:
         if shorter < d.max_length:
             out.append(Candidate("shorter max_length", f"[data] max_length = {shorter} (p95 of lengths is {p95_length:.0f})",
                                  "rows above it are truncated", lambda b, s: act(b, 1 - shorter / d.max_length)))
-    if t.loss == "full":
+    if t.loss == "full" and recipe_loss:
         chunks = recipe.training.loss_chunks
         # the full loss holds the logits in the compute dtype, their float32 copy and its gradient
         out.append(Candidate("chunked loss", "[training] loss = \"chunked\"",
@@ -161,15 +163,18 @@ def breakdown_of(f: Forecast) -> Breakdown:
                      f.optimizer_state_bytes, f.peak_bytes)
 
 
-def traced_levers(recipe, config, base: Forecast, shape: ModelShape, p95_length: Optional[float],
-                  accelerator_optimizer: bool) -> tuple[list[Lever], list[str]]:
+def traced_levers(recipe, config, base: Forecast, shape: ModelShape,
+                  p95_length: Optional[float]) -> tuple[list[Lever], list[str]]:
     """Each lever forecast by tracing the recipe with it pulled (largest saving first), and why
-    any could not be; a lever no recipe key expresses keeps its estimate from the forecast's breakdown."""
+    any could not be; a lever no recipe key expresses keeps its estimate from the forecast's breakdown.
+    The variants are the same trainer's step on the same device as ``base``."""
     from ..outcomes import Fail
     from ..recipe.schema import RecipeError
 
     out, problems = [], []
-    for c in candidates(recipe, p95_length):
+    step = base.step
+    recipe_loss = resolve(recipe, step, config).loss == "engine"
+    for c in candidates(recipe, p95_length, recipe_loss):
         changes = recipe_changes(c.change)
         if changes is None:
             saves = c.estimate(breakdown_of(base), shape)
@@ -177,7 +182,7 @@ def traced_levers(recipe, config, base: Forecast, shape: ModelShape, p95_length:
                 out.append(Lever(c.name, c.change, c.cost, saves, ESTIMATE, base.peak_bytes - saves))
             continue
         try:
-            variant = forecast(with_changes(recipe, changes), config, accelerator_optimizer)
+            variant = forecast(with_changes(recipe, changes), config, step=step)
         except (TraceError, Fail, RecipeError) as exc:
             problems.append(f"{c.name}: {exc}")
             continue
@@ -204,7 +209,6 @@ class Report:
     recipe: Any = field(default=None, compare=False, repr=False)
     config: Any = field(default=None, compare=False, repr=False)
     p95_length: Optional[float] = None
-    on_accelerator: bool = False
 
     @property
     def need_bytes(self) -> Optional[int]:
@@ -224,17 +228,18 @@ def with_levers(report: Report) -> Report:
     if report.levers or report.problems:
         return report
     found, problems = traced_levers(report.recipe, report.config, report.forecast, shape_of(report.config),
-                                    report.p95_length, report.on_accelerator)
+                                    report.p95_length)
     return replace(report, levers=tuple(found), problems=tuple(problems))
 
 
 def forecast_report(recipe, target: Optional[Target], config=None, p95_length: Optional[float] = None,
-                    levers: bool = True) -> Report:
-    """The forecast, judged against ``target`` less the recipe's memory_headroom; when it does
-    not fit (and ``levers``), each lever traced. The one code path of the check and the command."""
+                    levers: bool = True, trainer: Optional[str] = None) -> Report:
+    """The forecast of ``trainer``'s step (default: the one the team launches,
+    ``trainers.recipe_trainer``) on the target's device, judged against ``target`` less the
+    recipe's memory_headroom; when it does not fit (and ``levers``), each lever traced. The one
+    code path of the check and the command."""
     config = config if config is not None else forecast_config(recipe)
-    on_accelerator = target is not None and target.kind in ("cuda", "rocm")
-    base = forecast(recipe, config, on_accelerator)
+    base = forecast(recipe, config, step=Step(trainer or recipe_trainer(recipe), device_of(target)))
     report = Report(recipe.name, base, target, recipe.hardware.memory_headroom, recipe=recipe, config=config,
-                    p95_length=p95_length, on_accelerator=on_accelerator)
+                    p95_length=p95_length)
     return with_levers(report) if levers and report.fits is False else report

@@ -5,8 +5,10 @@ QLoRA preparation, dtype, attention kernel, checkpointing, loss and optimizer ar
 through the same engine functions the real step uses, every tensor is then swapped for a fake
 one (``FakeTensorMode``: shapes and dtypes, no bytes), and one real training step (forward,
 backward, optimizer step) of the worst-case batch (micro_batch_size x max_length) runs on it
-while a dispatch mode counts the bytes of every storage from its creation to its death. What
-cannot run on fake tensors is modelled (``forecast.storage``) and said in ``Forecast.notes``.
+while a dispatch mode counts the bytes of every storage from its creation to its death. The
+step is the trainer's (``forecast.trainers``: its loss, autocast and padding) on the device
+the forecast is for. What cannot run on fake tensors is modelled (``forecast.storage``,
+``forecast.trainers``) and said in ``Forecast.notes``.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from ..engine.memory import TensorBytes
 from . import storage
+from .trainers import Step, resolve
 
 PHASES = ("forward", "backward", "optimizer")
 CATEGORIES = ("weights", "gradients", "optimizer_state", "activations", "temporaries")
@@ -87,6 +90,8 @@ class Forecast:
     trace_seconds: float
     notes: tuple[str, ...] = ()
     paged_state_bytes: int = 0  # a paged optimizer's state: unified memory, outside the peak (storage.PAGED_SOURCE)
+    step: Step = Step()  # whose step on which device was traced
+    path: str = ""  # that step's path in words (forecast.trainers.StepPath.description)
 
     @property
     def peak_bytes(self) -> int:
@@ -225,26 +230,32 @@ def _third_party_quiet() -> Iterator[None]:
         yield
 
 
-def forecast(recipe, config=None, accelerator_optimizer: bool = False) -> Forecast:
+def forecast(recipe, config=None, accelerator_optimizer: bool = False, step: Optional[Step] = None) -> Forecast:
     """Trace one steady-state training step of ``recipe`` on fake tensors and return its peak
-    memory by category. ``accelerator_optimizer``: trace the optimizer as torch runs it on
-    CUDA/ROCm (foreach). Raises ConfigUnavailable, TraceError, or training.Fail (e.g. a
-    target module the model lacks)."""
+    memory by category. ``step``: whose step on which device (forecast.trainers.Step; by
+    default the engine's, on CUDA with ``accelerator_optimizer`` (its optimizer as torch runs it
+    there: foreach), else on the CPU). Raises ConfigUnavailable, TraceError, or training.Fail
+    (e.g. a target module the model lacks)."""
+    step = step or Step("builtin", "cuda" if accelerator_optimizer else "cpu")
     with _third_party_quiet():
-        return _forecast(recipe, config, accelerator_optimizer)
+        return _forecast(recipe, config, step)
 
 
-def _forecast(recipe, config, accelerator_optimizer: bool) -> Forecast:
+def _forecast(recipe, config, step: Step) -> Forecast:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ..engine.batches import seed_everything
-    from ..engine.trainable import (LOSS_ATTRIBUTE, LossPlan, kbit_preparation, loss_forward_module, make_scheduler,
-                                    make_trainable, train_step)
+    from ..engine.trainable import (LOSS_ATTRIBUTE, LossPlan, kbit_preparation, make_scheduler, make_trainable,
+                                    train_step)
 
     notes: list[str] = []
     started = time.perf_counter()
     config = config if config is not None else forecast_config(recipe)
+    try:
+        path = resolve(recipe, step, config)
+    except ImportError as exc:  # a trainer's package that breaks on import
+        raise TraceError(f"{step.trainer}'s step cannot be modelled here: {type(exc).__name__}: {exc}") from None
     base = _meta_model(recipe, config, notes)
     parameters = sum(p.numel() for p in base.parameters())
     quantization = recipe.model.quantization
@@ -264,8 +275,9 @@ def _forecast(recipe, config, accelerator_optimizer: bool) -> Forecast:
         notes.append("QLoRA preparation (peft prepare_model_for_kbit_training, [model] kbit_preparation) keeps "
                      "the layers it does not quantize (embeddings, output head, norms) in float32, so the "
                      "activations after them run in float32 too")
-    batch_shape = (recipe.training.micro_batch_size, recipe.data.max_length)
-    loss = recipe.training.loss
+    path.prepare(model)
+    batch_shape = path.batch_shape
+    loss = recipe.training.loss if path.loss == "engine" else "full"
     if loss in ("fused_linear", "cut_cross_entropy"):
         text = getattr(config, "text_config", None) or config
         pieces, note = storage.modelled_loss_chunks(loss, batch_shape[0] * batch_shape[1], int(text.vocab_size),
@@ -275,6 +287,7 @@ def _forecast(recipe, config, accelerator_optimizer: bool) -> Forecast:
     elif loss == "chunked":
         notes.append(f"loss chunked: logits of {recipe.training.loss_chunks} pieces of the sequence, one at a time "
                      f"(each recomputed in the backward), traced as the engine runs it")
+    notes += path.notes
     if recipe.training.compile:
         notes.append("[training] compile: torch.compile's memory effect (fused kernels saving fewer "
                      "intermediates) is not modelled; the step is traced as eager PyTorch runs it")
@@ -292,9 +305,10 @@ def _forecast(recipe, config, accelerator_optimizer: bool) -> Forecast:
             trainable_bytes = sum(p.untyped_storage().nbytes() for p in trainable)
             ids = torch.zeros(batch_shape, dtype=torch.long)
             batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
-            optimizer = _optimizer(model, recipe, accelerator_optimizer, notes)
+            optimizer = _optimizer(model, recipe, step.accelerator, notes)
             scheduler = make_scheduler(optimizer, recipe, total_steps=1, constant=True)
-            state = optimizer_state_tensors(optimizer, trainable)
+            # a first step creates its optimizer state in its optimizer step: traced there
+            state = [] if step.first_step else optimizer_state_tensors(optimizer, trainable)
             state_bytes = sum(t.untyped_storage().nbytes() for t in state)
             tracker = TensorBytes([*existing, *state, *batch.values()], scalar_reads=True)
             forward_ends: list[int] = []
@@ -315,12 +329,12 @@ def _forecast(recipe, config, accelerator_optimizer: bool) -> Forecast:
                 states.update(tracker.serial_of(v) for s in opt.state.values() for v in s.values()
                               if isinstance(v, torch.Tensor))
 
-            forward_module = loss_forward_module(model)
+            forward_module = path.forward_module(model)
             hooks = [forward_module.register_forward_pre_hook(lambda module, args: tracker.mark("forward")),
                      forward_module.register_forward_hook(forward_end), optimizer.register_step_pre_hook(before_step),
                      optimizer.register_step_post_hook(after_step)]
-            with tracker.watching():
-                train_step(model, optimizer, scheduler, [batch], "cpu")
+            with path.traced(), tracker.watching():
+                train_step(model, optimizer, scheduler, [batch], "cpu", loss_of=path.loss_of)
             for hook in hooks:
                 hook.remove()
     except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
@@ -331,7 +345,7 @@ def _forecast(recipe, config, accelerator_optimizer: bool) -> Forecast:
     activations = set(tracker.live_at(forward_ends[0]))
     serials, extra_bytes, peak_event = tracker.live_at(tracker.peak_event), 0, tracker.peak_event
     phase = tracker.phase_at(tracker.peak_event, PHASES[0])
-    if recipe.training.gradient_accumulation_steps > 1:
+    if path.accumulation > 1:
         later = _later_micro_batch_peak(tracker, grads, forward_ends[0], optimizer_starts[0])
         if later[0] > tracker.peak:
             _, peak_event, serials, extra_bytes = later
@@ -355,7 +369,7 @@ def _forecast(recipe, config, accelerator_optimizer: bool) -> Forecast:
         paged_state_bytes=state_bytes + sums["optimizer_state"] if paged else 0, activation_bytes=sums["activations"],
         temporary_bytes=sums["temporaries"], peak_phase=phase,
         tokens=batch_shape[0] * batch_shape[1], build_seconds=build_seconds,
-        trace_seconds=trace_seconds, notes=tuple(notes))
+        trace_seconds=trace_seconds, notes=tuple(notes), step=step, path=path.description)
 
 
 # ---- the real step, for the forecast's error ------------------------------------------------------

@@ -38,6 +38,8 @@ def render(report) -> str:
     lines = [f"memory forecast for {report.recipe_name}: {f.model_type}, {f.parameters:,} parameters "
              f"({f.trainable_parameters:,} trainable), one micro-batch of {f.tokens:,} tokens "
              f"traced in {f.trace_seconds:.1f} s (estimate: no weights, fake tensors)"]
+    if f.path:
+        lines.append(f"  step: {f.path}")
     categories = f.categories()
     width = max(len(name) for name in categories)
     lines.append(f"  at the peak ({f.peak_phase}):")

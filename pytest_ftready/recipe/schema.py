@@ -139,6 +139,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
                    "fused_linear (Liger's fused linear cross-entropy) or cut_cross_entropy (Apple's CCE)",
                    choices=("full", "chunked", "fused_linear", "cut_cross_entropy")),
         "loss_chunks": _k("int", 8, "pieces the chunked loss computes logits for, one at a time", positive=True),
+        "loss_dtype": _k("choice", "float32", "dtype the full or chunked loss computes its logits and cross-entropy "
+                         "in: float32 (upcast first, as transformers' loss does) or compute (the model's dtype, "
+                         "as litgpt's bfloat16 chunked cross-entropy)", choices=("float32", "compute")),
         "optimizer_in_backward": _k("bool", False, "step each parameter's optimizer in its gradient hook (no whole-model gradients held)"),
         "activation_offloading": _k("bool", False, "saved activations moved to host memory between forward and backward"),
         "trainable": _k("strs", [], "full fine-tune of only the parameters whose names match these regexes "
@@ -505,6 +508,9 @@ def _cross_checks(parser: _Parser, t: dict[str, PRecord]) -> None:
         raise parser.fail("[training] optimizer_in_backward", "steps each parameter as soon as its gradient exists, "
                           "so it cannot accumulate gradients over micro-batches: write gradient_accumulation_steps "
                           "= 1, or optimizer_in_backward = false")
+    if training.loss_dtype != "float32" and training.loss not in ("full", "chunked"):
+        raise parser.fail("[training] loss_dtype", f"applies to loss = \"full\" or \"chunked\"; {training.loss} runs "
+                          "its kernel's own precision: remove loss_dtype, or write loss = \"full\" or \"chunked\"")
     if training.learning_rate < 0:
         raise parser.fail("[training] learning_rate", f"expected a non-negative number, got {training.learning_rate}")
     bad = [s for s in privacy.scan if s not in SCAN_KINDS]

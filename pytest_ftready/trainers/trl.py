@@ -273,5 +273,22 @@ class TrlTrainer(hf.HFTrainer):
 
         recipe, device = inputs.recipe, inputs.torch_device
         args = run_args(recipe, run.folder, device, **bounded_args(recipe, run.folder, device, bounds))
-        with trainable(recipe, device, inputs.base) as model:
+        with forwards_kept(inputs.base()), trainable(recipe, device, inputs.base) as model:
             yield hf.Built(sft_trainer(model, inputs.tokenizer, run.rows, args, callbacks), model)
+
+
+@contextlib.contextmanager
+def forwards_kept(model) -> Iterator[None]:
+    """The shared base model's ``forward`` methods as they were after TRL's run: TRL's
+    ``chunked_nll`` loss (TRL 1.9's default) replaces the forward of the model it is handed, which
+    is the base the engine's own runs use next."""
+    before = {module: vars(module).get("forward") for module in model.modules()}
+    try:
+        yield
+    finally:
+        for module, forward in before.items():
+            if vars(module).get("forward") is not forward:
+                if forward is None:
+                    del module.forward
+                else:
+                    module.forward = forward

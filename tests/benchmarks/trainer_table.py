@@ -1,7 +1,7 @@
 """A trainer's own run beside pytest-ftready's engine, as one table per config: step peak, tokens
 per step, step time, overfit steps and final loss, resume, forecast error. Read from the JUnit XML
 of ``pytest --ftready=CONFIG`` (the properties ``pipeline``, ``step_trainer``, ``peak_*``,
-``step_*``, ``overfit_*``, ``engine_*``, ``resume_*``, ``forecast_error``), so it is the same
+``step_*``, ``overfit_*``, ``engine_*``, ``resume_*``, ``forecast_error``, ``forecast_path``), so it is the same
 table for a TRL, Axolotl or LLaMA-Factory config, each run in the trainer's own environment:
 
     python -m tests.benchmarks.trainer_table run CONFIG [CONFIG ...] [--out DIR] [--json FILE]
@@ -49,8 +49,8 @@ class Figures:
     overfit_final_loss: Optional[float]
     engine_overfit_final_loss: Optional[float]
     resume: str  # passed | failed | skipped | not run, with the largest loss difference
-    forecast_error: Optional[float]  # against the trainer's step
-    engine_forecast_error: Optional[float]
+    forecast_error: Optional[float]  # the forecast of the trainer's step against it
+    forecast_path: Optional[str]  # the step the forecast traced (model.forecast_error's forecast_path)
     outcomes: dict  # check -> passed | failed | skipped
 
     @property
@@ -106,7 +106,7 @@ def figures(junit: Path) -> list[Figures]:
             engine_overfit_final_loss=_number(overfit.get("engine_overfit_final_loss[nats]")),
             resume=(resume.get("outcome", "not run") + (f" (max loss difference {difference})" if difference else "")),
             forecast_error=_number(forecast.get("forecast_error[share]")),
-            engine_forecast_error=_number(forecast.get("engine_forecast_error[share]")),
+            forecast_path=forecast.get("forecast_path"),
             outcomes={check: c["outcome"] for check, c in checks.items()}))
     return out
 
@@ -123,7 +123,7 @@ def table(rows: Sequence[Figures]) -> str:
     """A Markdown table: the trainer's figure, then the engine's beside it ("=" where the engine is the trainer)."""
     head = ("config", "pipeline", "step trainer", "step peak", "engine step peak", "peak / engine", "tokens/step",
             "engine tokens/step", "step s", "engine step s", "overfit steps", "engine overfit steps",
-            "overfit final loss", "engine overfit final loss", "resume", "forecast error", "engine forecast error",
+            "overfit final loss", "engine overfit final loss", "resume", "forecast error", "forecast path",
             "not passed")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for f in rows:
@@ -136,7 +136,7 @@ def table(rows: Sequence[Figures]) -> str:
                  same or _fmt(f.engine_step_seconds, ".3f"), _fmt(f.overfit_steps, "d"),
                  same or _fmt(f.engine_overfit_steps, "d"), _fmt(f.overfit_final_loss, ".4f"),
                  same or _fmt(f.engine_overfit_final_loss, ".4f"), f.resume, _fmt(f.forecast_error, "+.1%"),
-                 same or _fmt(f.engine_forecast_error, "+.1%"),
+                 f.forecast_path or "-",
                  ", ".join(f"{check} {outcome}" for check, outcome in sorted(f.outcomes.items()) if outcome != "passed")
                  or "-")
         lines.append("| " + " | ".join(cells) + " |")

@@ -34,8 +34,10 @@ def full_recipe(make_state):
 
 @pytest.mark.parametrize("changes", [{"training.loss": "chunked", "training.loss_chunks": 3},
                                      {"training.optimizer_in_backward": True},
-                                     {"training.optimizer_in_backward": True, "training.loss": "chunked"}],
-                         ids=["chunked", "in_backward", "both"])
+                                     {"training.optimizer_in_backward": True, "training.loss": "chunked"},
+                                     {"training.loss_dtype": "compute"},
+                                     {"training.loss_dtype": "compute", "training.loss": "chunked"}],
+                         ids=["chunked", "in_backward", "both", "compute_dtype", "chunked_compute_dtype"])
 def test_variants_train_as_the_plain_step_does(full_recipe, changes):
     import torch
 
@@ -62,6 +64,29 @@ def test_optimizer_in_the_backward_holds_no_gradients_and_resumes_from_its_state
     again.load_state_dict(saved)
     first = next(iter(again.per_parameter.values()))
     assert first.state is again.state and int(next(iter(again.state.values()))["step"]) == 2
+
+
+def test_the_loss_in_the_compute_dtype_keeps_bfloat16_logits(full_recipe):
+    import torch
+
+    from pytest_ftready.engine.trainable import step_loss
+    from pytest_ftready.recipe.schema import with_changes
+
+    recipe = with_changes(full_recipe, {"model.dtype": "bfloat16", "training.loss_dtype": "compute"})
+    seen = []
+    _, _, model = _train(recipe, steps=0)
+    model.get_output_embeddings().register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    ids = torch.randint(3, 500, (1, 16), generator=torch.Generator().manual_seed(0))
+    loss = step_loss(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids})
+    assert seen == [torch.bfloat16] and loss.dtype == torch.bfloat16 and torch.isfinite(loss)
+
+
+def test_the_loss_dtype_applies_to_the_full_and_chunked_losses_only(make_state):
+    from pytest_ftready.recipe.schema import RecipeError, with_changes
+
+    with pytest.raises(RecipeError, match=r'\[training\] loss_dtype: applies to loss = "full" or "chunked"; '
+                                          r'fused_linear runs its kernel'):
+        with_changes(make_state().recipe, {"training.loss": "fused_linear", "training.loss_dtype": "compute"})
 
 
 def test_optimizer_in_the_backward_refuses_gradient_accumulation(make_state):

@@ -48,6 +48,18 @@ def test_chunked_loss_holds_one_piece_of_logits_and_matches_the_real_step(shared
     assert abs(error_share(after.peak_bytes, measured)) <= TOLERANCE
 
 
+@pytest.mark.parametrize("loss", ["full", "chunked"])
+def test_the_loss_in_the_compute_dtype_holds_no_float32_logits_and_matches_the_real_step(shared_state, loss):
+    # litgpt's bfloat16 cross-entropy (the published anchors): a full fine-tune, loaded in bfloat16 for the variant
+    upcast = with_changes(shared_state.recipe, [("adapter", "method", "none"), ("model", "dtype", "bfloat16"),
+                                                ("training", "loss", loss)])
+    compute = with_changes(upcast, [("training", "loss_dtype", "compute")])
+    before, after = forecast(upcast), forecast(compute)
+    assert after.peak_bytes < before.peak_bytes
+    measured = measured_step_peak(shared_state, compute, "cpu", count_tensors=True)
+    assert abs(error_share(after.peak_bytes, measured)) <= TOLERANCE
+
+
 def test_paged_optimizers_keep_their_state_apart_from_the_peak(shared_state):
     from pytest_ftready.forecast.storage import PAGED_SOURCE
 

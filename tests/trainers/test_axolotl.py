@@ -15,6 +15,7 @@ from pytest_ftready.outcomes import Fail, Skip
 
 from ..conftest import (assert_own_overfit, assert_own_resume_exact, copy_example, resume_failure_without,
                         state_for, values)
+from ..helpers import assert_green, bundled_examples, run_as_written
 
 pytest.importorskip("axolotl", reason="Axolotl's own pipeline needs axolotl, installed in an environment of its own "
                                       "(.ci/run builds one)")
@@ -102,6 +103,40 @@ def test_a_collator_padding_to_sequence_len_beyond_the_engines_shows_both_step_m
     got = values(run_check(state, "model.step_memory"))
     assert got["step_tokens"] == 4 * 512 > got["engine_step_tokens"] == 4 * 128
     assert got["peak_tensor_bytes"] > got["engine_peak_bytes"] and got["peak_vs_engine"] > 1
+
+
+def test_the_forecast_of_axolotls_own_step_is_within_the_bar_and_pads_as_its_collator(axolotl_run, run_check):
+    from pytest_ftready.forecast.trace import forecast_config
+    from pytest_ftready.forecast.trainers import Step, resolve
+
+    got = values(run_check(axolotl_run, "model.forecast_error"))
+    assert got["measured_step_trainer"] == "axolotl AxolotlTrainer" and abs(got["forecast_error"]) <= 0.10
+    assert got["forecast_path"].startswith("axolotl AxolotlTrainer on cpu: the model's loss, rows padded to 128")
+    # the worst case as the forecast pads it is the micro-batch Axolotl's own collator built (79-token rows -> 128)
+    worst = resolve(axolotl_run.recipe, Step("axolotl", "cpu"), forecast_config(axolotl_run.recipe))
+    assert worst.rows * worst.row_tokens == axolotl_run.step.tokens_per_step
+
+
+def test_the_forecast_pads_to_sequence_len_where_axolotls_collator_does(tmp_path, tiny_model_dir, real_machine,
+                                                                         run_check):
+    from pytest_ftready.forecast.trace import forecast_config
+    from pytest_ftready.forecast.trainers import Step, resolve
+
+    state = axolotl_state(tmp_path / "tiny", tiny_model_dir, real_machine, checks_data="max_length = 100\n",
+                          pad_to_sequence_len="true", sequence_len="160")
+    worst = resolve(state.recipe, Step("axolotl", "cpu"), forecast_config(state.recipe))
+    assert worst.row_tokens == 192 and worst.rows * worst.row_tokens == state.step.tokens_per_step  # 160 -> 192
+    assert abs(values(run_check(state, "model.forecast_error"))["forecast_error"]) <= 0.10
+
+
+def test_the_axolotl_example_is_green_with_every_check_that_runs_here(tmp_path, tiny_model_dir):
+    examples = bundled_examples(tmp_path / "examples", tiny_model_dir)
+    # the README's line for Axolotl's environment (its anyio plugin warns under filterwarnings = error)
+    done, found = run_as_written(examples / "tiny", "pytest --ftready=axolotl.yml -p no:anyio",
+                                 env={"AXOLOTL_DO_NOT_TRACK": "1", "DO_NOT_TRACK": "1", "WANDB_DISABLED": "true"})
+    assert_green(done, found)
+    assert all(found[check][0] == "passed" for check in ("model.step_memory", "model.forecast_error", "model.overfit",
+                                                          "lifecycle.resume"))
 
 
 def test_a_config_whose_masks_axolotl_builds_wrong_fails_masking_naming_axolotl(tmp_path, tiny_model_dir, real_machine,

@@ -15,6 +15,7 @@ from pytest_ftready.outcomes import Fail, Skip
 
 from ..conftest import (assert_own_overfit, assert_own_resume_exact, copy_example, resume_failure_without,
                         state_for, values)
+from ..helpers import assert_green, bundled_examples, run_as_written
 
 pytest.importorskip("llamafactory", reason="LLaMA-Factory's own run needs llamafactory, installed in an environment "
                                            "of its own (.ci/run builds one)")
@@ -86,6 +87,28 @@ def test_a_collator_padding_longer_than_the_engines_shows_both_step_memories(tmp
     got = values(run_check(state_for(config, tmp_path / "arts", real_machine), "model.step_memory"))
     assert got["engine_step_tokens"] == 4 * 64 < got["step_tokens"] == 4 * 80
     assert got["peak_tensor_bytes"] > got["engine_peak_bytes"] and got["peak_vs_engine"] > 1
+
+
+def test_the_forecast_of_llamafactorys_own_step_is_within_the_bar_and_pads_as_its_collator(lf_state, run_check):
+    import math
+
+    from pytest_ftready.trainers.hf import worst_case_examples
+
+    got = values(run_check(lf_state, "model.forecast_error"))
+    assert got["measured_step_trainer"] == "llamafactory CustomSeq2SeqTrainer" and abs(got["forecast_error"]) <= 0.10
+    assert got["forecast_path"] == ("llamafactory CustomSeq2SeqTrainer on cpu: the model's loss, rows padded to "
+                                    f"{lf_state.step.tokens_per_step // 4}")
+    # the forecast's padding rule, the longest row up to a multiple of 8, is what LLaMA-Factory's collator did
+    longest = max(min(e.length, lf_state.recipe.data.max_length) for e in worst_case_examples(lf_state))
+    assert 4 * 8 * math.ceil(longest / 8) == lf_state.step.tokens_per_step
+
+
+def test_the_llamafactory_example_is_green_with_every_check_that_runs_here(tmp_path, tiny_model_dir):
+    examples = bundled_examples(tmp_path / "examples", tiny_model_dir)
+    done, found = run_as_written(examples / "tiny", "pytest --ftready=llamafactory.yaml")
+    assert_green(done, found)
+    assert all(found[check][0] == "passed" for check in ("model.step_memory", "model.forecast_error", "model.overfit",
+                                                          "lifecycle.resume"))
 
 
 def test_a_template_not_matching_the_models_chat_format_fails_masking_naming_llamafactory(tmp_path, tiny_model_dir,
