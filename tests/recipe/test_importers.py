@@ -292,15 +292,17 @@ def test_a_regex_target_reaches_peft_whole(tiny_model_dir, folder):
     assert [n.split(".layers.")[-1] for n in adapted] == ["1.self_attn.q_proj", "1.self_attn.v_proj"]
 
 
-def test_an_empty_sibling_key_takes_no_default_and_deepspeed_names_are_read(folder):
+def test_an_empty_sibling_key_takes_no_default_and_bundled_deepspeed_configs_are_read(folder):
     """`fp16:` written empty beside `bf16: true` (Axolotl's examples) leaves bf16; a DeepSpeed
-    config that is not beside the config is read from its name (ds_z3_offload_config.json)."""
+    config the trainers ship, not beside the config, is read from its contents (LLaMA-Factory's
+    ds_z3_offload_config.json offloads optimizer and parameters); a file beside it as it is."""
     path = write(folder, "axolotl.yml", "base_model: model\nbf16: true\nfp16:\nlearning_rate: 0.0001\n"
                  "deepspeed: examples/deepspeed/ds_z3_offload_config.json\n"
                  "datasets: [{path: data/train.jsonl, type: chat_template}]\n")
     recipe = load_recipe(path)
     assert recipe.model.dtype == "bfloat16"
-    assert (recipe.distributed.zero_stage, recipe.distributed.cpu_offload) == (3, "optimizer")
+    assert (recipe.distributed.zero_stage, recipe.distributed.cpu_offload) == (3, "both")
+    assert any("LLaMA-Factory/blob/" in src for src, _ in recipe.origin.mapped)
     (folder / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
                                                                       "offload_param": {"device": "cpu"}}}))
     recipe = load_recipe(write(folder, "axolotl.yml", path.read_text().replace(

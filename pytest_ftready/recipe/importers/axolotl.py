@@ -1,17 +1,27 @@
 """Axolotl: its YAML config (``axolotl train config.yml``), read key by key through
-``keys/axolotl.toml`` (Axolotl 0.19's names, deprecated names and defaults: sequence_len 512,
+``keys/axolotl.toml`` (Axolotl's names, deprecated names and defaults: sequence_len 512,
 no adapter = full fine-tune, gradient checkpointing off, cosine schedule, fused AdamW).
-Axolotl itself is never imported (it pins other transformers/TRL versions)."""
+
+Where Axolotl is installed (its own environment: it pins other transformers/TRL versions), the
+config is first read by Axolotl's own validation (``validate_config``: its pydantic input
+config, with its defaults, aliases and deprecations), so the defaults and the keys are the
+installed Axolotl's and a config it refuses is refused with its message; without it, the
+table's rows. Importing Axolotl costs 15 to 60 s, paid once per process."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import io
+import logging
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from .base import Builder
 from .common import (SHARED_HANDLERS, add_stop_tokens, attention, chat_template_value, lora_targets,
                      peft_default_targets)
-from .table import Row, apply, load_table
+from .table import Row, apply, installed, known_to_trainer, load_table, mentioned_key, plain, rewrite_deprecated
 
 TITLE = "Axolotl"
 FLAGS = {"flash_attention": "flash_attention_2", "sdp_attention": "sdpa", "eager_attention": "eager"}
@@ -23,10 +33,75 @@ DATASET_KEYS_READ = {"path", "type", "data_files", "ds_type", "split", "field_me
 PREFERENCE_TYPES = ("chatml.", "llama3.", "zephyr.", "user_defined.", "bradley_terry", "stepwise_supervised")
 
 
+def ask_axolotl(raw: dict) -> Optional[tuple[dict, frozenset, str, list[str]]]:
+    """Axolotl's own reading of ``raw``: (every field's value after its validation, the keys its
+    input config knows with their aliases, Axolotl's version, what it warned of while validating),
+    or None without Axolotl. A config Axolotl refuses raises ValueError with its message."""
+    if not installed("axolotl"):
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import axolotl
+        from axolotl.utils.config import validate_config
+        from axolotl.utils.dict import DictDefault
+        from axolotl.utils.schemas.config import AxolotlInputConfig
+    fields = AxolotlInputConfig.model_fields
+    known = frozenset([*fields, *(f.alias for f in fields.values() if f.alias)])
+    said = _Said()
+    logger = logging.getLogger("axolotl")
+    logger.addHandler(said)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            values = dict(validate_config(DictDefault(copy.deepcopy(raw))))
+    except (ValueError, TypeError, DeprecationWarning) as exc:  # pydantic's ValidationError is a ValueError
+        raise ValueError(_refusal(exc)) from None
+    finally:
+        logger.removeHandler(said)
+    return {k: plain(v) for k, v in values.items() if v is not None}, known, axolotl.__version__, said.lines
+
+
+class _Said(logging.Handler):
+    """What Axolotl warns of while it validates a config (its deprecations)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(" ".join(record.getMessage().split()))
+
+
+def _refusal(exc: BaseException) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        return (f"{where}: " if where else "") + " ".join(str(first.get("msg", exc)).split())
+    return " ".join(str(exc).split())
+
+
 def translate(b: Builder) -> None:
     table = load_table("axolotl")
     b.version = table.version
-    apply(b, table, HANDLERS)
+    handled = rewrite_deprecated(b, "axolotl", HANDLERS)
+    try:
+        asked = ask_axolotl(b.raw)
+    except ValueError as exc:
+        said = str(exc)
+        raise b.fail(mentioned_key(said, b.raw), f"Axolotl's config validation refuses this config: {said[:600]} "
+                     "(axolotl train would stop the same way)") from None
+    defaults = None
+    if asked is not None:
+        defaults, known, version, lines = asked
+        b.version = version
+        b.title = f"{TITLE}, Axolotl {version}'s config validation"
+        for line in lines:
+            if "deprecat" in line.lower() or "no longer" in line.lower():
+                b.caveat(mentioned_key(line, b.raw) or "axolotl", f"Axolotl {version} says: {line[:300]}")
+    apply(b, table, HANDLERS, raw={k: v for k, v in b.raw.items() if k not in handled}, defaults=defaults)
+    if asked is not None:
+        known_to_trainer(b, known, "Axolotl")
     _finish(b)
 
 
@@ -64,12 +139,18 @@ def _adapter(b: Builder, row: Row, name: str, value: Any, default: bool) -> None
 
 
 def _targets(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
+    """Axolotl trains the union of every linear layer (lora_target_linear) and the modules named
+    in lora_target_modules (a string there is one module name: Axolotl lists it with the others)."""
     if name == "lora_target_linear":
         if value:
-            lora_targets(b, name, "linear", ("linear",))
+            named = b.raw.get("lora_target_modules") or []
+            lora_targets(b, name, "linear", ("linear",), "axolotl",
+                         extra=tuple([named] if isinstance(named, str) else named))
         else:
             b.mapped.append((name, "(off)"))
-    elif not b.raw.get("lora_target_linear"):
+    elif b.raw.get("lora_target_linear"):
+        b.mapped.append((name, "[adapter] target_modules (with lora_target_linear: the union)"))
+    else:
         lora_targets(b, name, value)
 
 

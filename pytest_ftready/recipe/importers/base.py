@@ -6,6 +6,7 @@ recipe.toml, plus the source key they came from). Reads files only; imports no t
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,9 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 SIDE_TOML = "ftready.toml"
+# A model named by a path rather than a hub id ("org/name"): absolute, home- or dot-relative,
+# a Windows drive, a trailing slash, or more than one folder deep.
+LOCAL_LOOKING = re.compile(r"^(/|~|\.{1,2}[/\\]|[A-Za-z]:[/\\])|[/\\]$|\\|^[^/]+/[^/]+/")
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,10 @@ class Builder:
         self.runs: dict[str, str] = {}  # config key -> table.RUN_CLASSES (table.apply fills it)
         self.run_keys = None  # the table's table.RunKeys (table.apply sets it)
         self.inputs: dict[str, Any] = {}  # what the trainer's run needs of the side files (dataset_info.json ...)
+        self.absent_model: Optional[tuple[str, str]] = None  # (key, path): a local model folder not on this machine
+        # "every linear layer" (modules.EveryLinear), resolved on the model's own architecture once the
+        # side file has said where the model is
+        self.every_linear = None
 
     def put(self, source: str, table: str, key: str, value: Any) -> None:
         self.tables.setdefault(table, {})[key] = value
@@ -165,11 +173,16 @@ class Builder:
         return []
 
     def model(self, source: str, name: Any, revision: Optional[str]) -> None:
-        """A local folder becomes [model] path; anything else a hub id with its revision."""
+        """A local folder becomes [model] path; anything else a hub id with its revision. A path
+        that is not on this machine (the author's own folder) is kept as the path, and ``finish``
+        names it unless the side file points [model] path at a local copy."""
         if not isinstance(name, str) or not name:
             raise self.fail(source, f"expected a model id or folder, got {name!r}")
         if self.local_path(name).is_dir():
             self.put(source, "model", "path", name)
+        elif LOCAL_LOOKING.search(name):
+            self.put(source, "model", "path", name)
+            self.absent_model = (source.split(" ")[0], name)
         else:
             self.put(source, "model", "id", name)
             if revision:
@@ -195,6 +208,11 @@ class Builder:
                     self.tables[table] = values
                     self.mapped.append((f"{side.name} {table}", table))
         self.tables.setdefault("name", _name(self.path.stem))
+        self._model_here()
+        if self.every_linear is not None and not (side and "target_modules" in read_side_toml(side).get("adapter", {})):
+            from .modules import resolve_every_linear
+
+            resolve_every_linear(self)
         if not self.tables.get("data", {}).get("train"):
             notes = "; ".join(c for c in self.caveats if "local" in c or "left out" in c)
             raise RecipeError(self.path, "[data] train", "no local training file in this config"
@@ -212,6 +230,18 @@ class Builder:
             if source is None or source == exc.where:
                 raise RecipeError(self.path, exc.where, message) from None
             raise RecipeError(self.path, f"{exc.where} (from {source})", message) from None
+
+    def _model_here(self) -> None:
+        """A model folder the config names by a path that is not on this machine, still the
+        recipe's after the side file: one line naming the key and what fixes it."""
+        if self.absent_model is None:
+            return
+        key, name = self.absent_model
+        if self.tables.get("model", {}).get("path") == name and not self.local_path(name).is_dir():
+            raise RecipeError(self.path, key, f"{name!r} is a local model folder that is not on this machine "
+                              f"(looked for {self.local_path(name)}); the side file's [model] path fixes it: write "
+                              f"[model] path = \"path/to/your/copy\" in {self.path.stem}.{SIDE_TOML} or {SIDE_TOML} "
+                              f"beside the config (it replaces {key})")
 
     def _override(self, side: Path, table: str, values: dict) -> list[str]:
         """The side file's keys of ``table`` win over the translation; each one that replaced a

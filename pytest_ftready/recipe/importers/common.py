@@ -7,10 +7,18 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional
 
 from .base import Builder
+from .modules import LLAMA_LINEAR, EveryLinear
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
 
 # transformers' OptimizerNames (and the trainers' own) -> the recipe's optimizers; anything else
 # is named as measured like AdamW.
@@ -99,33 +107,77 @@ ZERO_SHARDS = {1: "optimizer states", 2: "optimizer states and gradients", 3: "o
 
 def distributed_deepspeed(b: Builder, source: str, value: Any) -> None:
     """A DeepSpeed config (a JSON path, or the mapping itself) into [distributed] zero_stage,
-    cpu_offload and strategy (ZeRO-3 shards like FSDP, ZeRO-1/2 replicate the weights like DDP)."""
+    cpu_offload and strategy (ZeRO-3 shards like FSDP, ZeRO-1/2 replicate the weights like DDP).
+    A path that exists is read as is; one of the configs the trainers ship is read from the
+    installed trainer's checkout, else from ``keys/deepspeed.toml``; any other is read from its name."""
     config, how = (value, "inline") if isinstance(value, dict) else (None, "")
     if config is None:
         path = b.local_path(str(value))
         try:
             config, how = json.loads(path.read_text(encoding="utf-8")), str(value)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            config, how = None, ""
+            config, how = bundled_deepspeed(str(value))
     if isinstance(config, dict):
         zero = config.get("zero_optimization") or {}
         stage = int(zero.get("stage", 0) or 0)
         offload = [part for part, key in (("optimizer", "offload_optimizer"), ("parameters", "offload_param"))
                    if str((zero.get(key) or {}).get("device", "none")).lower() in ("cpu", "nvme")]
-    else:  # a config the trainers ship (deepspeed_configs/zero3_bf16_cpuoffload_all.json): read from its name
+    else:  # neither a file here nor one the trainers ship: read from its name
         name = Path(str(value)).name.lower()
         match = re.search(r"(?:zero|z)_?(\d)", name)
         stage = int(match.group(1)) if match else 0
-        offload = (["optimizer", "parameters"] if "offload_all" in name or "offload_params" in name
-                   else ["optimizer"] if "offload" in name else [])
-        b.caveat(source, f"{value!r} is not a local file: ZeRO stage {stage} and offload {offload or 'none'} are read "
-                 "from its name; copy the JSON beside the config to have it read")
+        offload = (["optimizer", "parameters"] if "offload_all" in name
+                   else ["parameters"] if "offload_param" in name else ["optimizer"] if "offload" in name else [])
+        b.caveat(source, f"{value!r} is neither a local file nor a DeepSpeed config the trainers ship: ZeRO stage "
+                 f"{stage} and offload {offload or 'none'} are read from its name; copy the JSON beside the config "
+                 "to have it read")
     _distributed(b, source, "fsdp" if stage == 3 else "ddp", offload, f"DeepSpeed ZeRO-{stage}"
                  + (f" ({how})" if how and how != str(value) else ""))
-    b.put(source, "distributed", "zero_stage", stage)
+    read = f"{source} (read from {how})" if how not in ("", "inline", str(value)) else source
+    b.put(read, "distributed", "zero_stage", stage)
     if stage:
         b.caveat(source, memory=True, text=f"ZeRO-{stage} shards the {ZERO_SHARDS[stage]} across the GPUs: where the forecast does not "
                  "model the sharding, the single-device memory checks over-count them by up to (1 - 1/world_size)")
+
+
+BUNDLED_ROOTS = {"axolotl": 2, "llamafactory": 2}  # src/<package>/__init__.py: the checkout is two folders up
+
+
+@lru_cache(maxsize=None)
+def _bundled_table() -> dict[str, dict]:
+    rows = tomllib.loads((Path(__file__).with_name("keys") / "deepspeed.toml").read_text(encoding="utf-8"))["config"]
+    return {row["path"]: row for row in rows}
+
+
+def bundled_deepspeed(value: str) -> tuple[Optional[dict], str]:
+    """(config, where it was read) of a DeepSpeed config a trainer ships, named as a config names
+    it (``.../deepspeed_configs/zero2.json``: its folder and file name), or (None, "")."""
+    parts = Path(value.replace("\\", "/")).parts
+    row = next((r for n in (3, 2) for r in [_bundled_table().get("/".join(parts[-n:]))] if r), None)
+    if row is None:
+        return None, ""
+    checkout = _installed_checkout(row["trainer"])
+    if checkout is not None and (checkout / row["path"]).is_file():
+        try:
+            return json.loads((checkout / row["path"]).read_text(encoding="utf-8")), f"the installed {row['trainer']}'s {checkout / row['path']}"
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            pass
+    zero = {"stage": row["stage"], "offload_optimizer": {"device": row["offload_optimizer"]},
+            "offload_param": {"device": row["offload_param"]}}
+    return {"zero_optimization": zero}, f"{row['trainer']}'s bundled {row['path']}, as {row['source']} has it"
+
+
+def _installed_checkout(trainer: str) -> Optional[Path]:
+    """The source checkout of an installed trainer (an editable install), without importing it."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(trainer)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    return Path(spec.origin).resolve().parents[BUNDLED_ROOTS[trainer]]
 
 
 def distributed_fsdp(b: Builder, source: str, options: dict) -> None:
@@ -266,17 +318,17 @@ def _low_rank(b: Builder, row, name: str, value: Any, default: bool) -> None:
         b.mapped.append((name, "(off)"))
 
 
-# Llama-style linear layer names: what "all linear layers" selects on Llama/Qwen/Mistral models.
-ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def lora_targets(b: Builder, name: str, value: Any, every_linear: tuple = ()) -> None:
-    """LoRA targets: a list of module names, every linear layer (a value in ``every_linear``),
-    or a string peft full-matches as a regex (kept whole, never split into characters)."""
+def lora_targets(b: Builder, name: str, value: Any, every_linear: tuple = (), rule: str = "peft",
+                 extra: tuple = ()) -> None:
+    """LoRA targets: a list of module names, every linear layer (a value in ``every_linear``: the
+    names are the model's own, picked by the trainer's ``rule`` once the model's folder is known,
+    with ``extra`` modules besides), or a string peft full-matches as a regex (kept whole, never
+    split into characters)."""
     if value in every_linear or (isinstance(value, list) and len(value) == 1 and value[0] in every_linear):
-        b.put(name, "adapter", "target_modules", list(ALL_LINEAR))
-        b.caveat(name.split(" ")[0], f"every linear layer, read as {ALL_LINEAR} (Llama-style names); for another "
-                 "architecture set [adapter] target_modules in ftready.toml")
+        b.put(name, "adapter", "target_modules", list(LLAMA_LINEAR))  # until finish reads the architecture
+        architecture = b.raw.get("model_type") if b.format == "axolotl" else None
+        b.every_linear = EveryLinear(name.split(" ")[0], rule, tuple(str(m) for m in extra),
+                                     str(architecture) if architecture else "")
     elif isinstance(value, str):
         b.put(name, "adapter", "target_regex", value)
         b.tables["adapter"]["target_modules"] = []

@@ -2,17 +2,28 @@
 ``dataset_info.json`` in its ``dataset_dir`` (default ``data``), read key by key through
 ``keys/llamafactory.toml`` (with transformers' TrainingArguments rows). Only ``stage: sft`` is
 a supervised fine-tune. LLaMA-Factory formats chats with its own ``template`` (Python, not the
-tokenizer's Jinja), so the checks verify the tokenizer's template and say so."""
+tokenizer's Jinja), so the checks verify the tokenizer's template and say so.
+
+Where LLaMA-Factory is installed, the config is first parsed by its own argument dataclasses
+(``HfArgumentParser`` over ``hparams.parser._TRAIN_ARGS``, as ``llamafactory-cli train`` parses
+it, with their ``__post_init__`` checks), so the defaults and the keys are the installed
+LLaMA-Factory's and a config its parser refuses is refused with its message; without it, the
+table's rows."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import io
 import json
+import tempfile
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from .base import Builder, data_files_in
 from .common import SHARED_HANDLERS, lora_targets
-from .table import Row, apply, load_table
+from .table import Row, apply, installed, known_to_trainer, load_table, mentioned_key, plain, rewrite_deprecated
 
 TITLE = "LLaMA-Factory"
 DATASET_DIR = "data"
@@ -23,10 +34,51 @@ ENTRY_KEYS = ("file_name", "formatting", "columns", "tags", "hf_hub_url", "ms_hu
 SHAPING_KEYS = ("formatting", "columns", "tags", "ranking")  # what of a dataset entry shapes the examples
 
 
+def ask_llamafactory(raw: dict, unparsed: tuple = ()) -> Optional[tuple[dict, frozenset, str]]:
+    """LLaMA-Factory's own parsing of ``raw``: (every argument's value, the keys its dataclasses
+    know, its version), or None without LLaMA-Factory. ``unparsed`` keys are left to the importer
+    (the sharding keys: transformers would load DeepSpeed for them). A config its parser refuses
+    raises ValueError with its message."""
+    if not installed("llamafactory"):
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import llamafactory
+        from llamafactory.hparams.parser import _TRAIN_ARGS, HfArgumentParser
+    fields = [f for cls in _TRAIN_ARGS for f in dataclasses.fields(cls) if f.init]
+    known = frozenset(f.name for f in fields)
+    args = {k: v for k, v in raw.items() if k in known and k not in unparsed}
+    with tempfile.TemporaryDirectory() as scratch:
+        args.setdefault("output_dir", scratch)  # required by TrainingArguments; the run's own is the config's
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                parsed = HfArgumentParser(_TRAIN_ARGS).parse_dict(args, allow_extra_keys=True)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(" ".join(str(exc).split())) from None
+    values = {f.name: plain(getattr(obj, f.name)) for obj in parsed for f in dataclasses.fields(obj) if f.init}
+    values.pop("output_dir", None)
+    return {k: v for k, v in values.items() if v is not None}, known, llamafactory.__version__
+
+
 def translate(b: Builder) -> None:
     table = load_table("llamafactory")
     b.version = table.version
-    apply(b, table, HANDLERS)
+    handled = rewrite_deprecated(b, "llamafactory", HANDLERS)
+    try:
+        asked = ask_llamafactory(b.raw, unparsed=tuple(k for k, cls in table.run.listed if cls == "sharding"))
+    except ValueError as exc:
+        said = str(exc)
+        raise b.fail(mentioned_key(said, b.raw), f"LLaMA-Factory's argument parser refuses this config: {said[:600]} "
+                     "(llamafactory-cli train would stop the same way)") from None
+    defaults = None
+    if asked is not None:
+        defaults, known, version = asked
+        b.version = version
+        b.title = f"{TITLE}, LLaMA-Factory {version}'s argument parser"
+    apply(b, table, HANDLERS, raw={k: v for k, v in b.raw.items() if k not in handled}, defaults=defaults)
+    if asked is not None:
+        known_to_trainer(b, known, "LLaMA-Factory")
     _data(b)
     _finetuning(b)
 
@@ -42,6 +94,8 @@ def _recorded(b: Builder, row: Row, name: str, value: Any, default: bool) -> Non
 
 
 def _freeze(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
+    if default:  # LLaMA-Factory's own default (its parser was asked): _finetuning reads it where it applies
+        return
     if (b.raw.get("finetuning_type") or "lora") != "freeze":
         b.caveat(name, f"ignored by LLaMA-Factory: finetuning_type is {b.raw.get('finetuning_type') or 'lora'}, "
                  "not freeze")
@@ -54,7 +108,7 @@ def _lora_alpha(b: Builder, row: Row, name: str, value: Any, default: bool) -> N
 
 def _targets(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
     names = [t.strip() for t in (value.split(",") if isinstance(value, str) else value) if str(t).strip()]
-    lora_targets(b, name, names, ("all",))
+    lora_targets(b, name, names, ("all",), "llamafactory")
 
 
 def _packing(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:

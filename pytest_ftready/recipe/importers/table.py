@@ -18,7 +18,12 @@ it), ``set`` (the checks set it for their bounded run: output, steps, saving, lo
 ``sharding`` (it shards the run over processes a launcher starts, which one test process cannot
 make) or ``neither`` (the run sees it through the recipe, or not at all); ``preprocessing``
 lists the keys handed to the trainer's data preparation too. A note on a handed key concerns
-the built-in engine's run only, and says so. Reads files only; imports no trainer."""
+the built-in engine's run only, and says so.
+
+``keys/deprecated.toml`` holds the keys a newer trainer renamed or removed, with the versions
+that had them and their source: ``rewrite_deprecated`` reads a config's old keys with the
+meaning they had (renamed to today's key, or through the importer's handler) before the
+trainer's parser or the walk sees it. Reads files only; imports no trainer."""
 
 from __future__ import annotations
 
@@ -62,6 +67,7 @@ class Row:
     effect: str = ""  # "none": logging/reporting only (listed as not checked); "memory": a memory lever
     allow: tuple = ()  # refused: values that are text SFT after all (e.g. stage: sft)
     versions: str = ""  # trainer versions the row holds for, where it differs
+    schema: str = ""  # whose keys these are when not the trainer's own schema's (a recipe script, accelerate)
 
     def matches(self, key: str) -> bool:
         if self.prefix:
@@ -144,6 +150,71 @@ def _run_keys(path: Path, raw: Optional[dict]) -> RunKeys:
 Handler = Callable[[Builder, Row, str, Any, bool], None]
 
 
+@dataclass(frozen=True)
+class Deprecated:
+    """A key a newer trainer renamed or removed (a row of ``keys/deprecated.toml``)."""
+
+    trainer: str
+    name: str  # a top-level key, or "table.key" inside a mapping (dataset_kwargs.add_special_tokens)
+    versions: str  # where it existed and what became of it
+    source: str
+    becomes: str = ""  # renamed: today's key
+    values: dict = field(default_factory=dict)  # old value (as text) -> the new key's value; "" drops the key
+    how: str = ""  # else the importer's handler
+    note: str = ""  # what the installed trainer does with the old key
+
+    @property
+    def does(self) -> str:  # as a Row's, for the handlers that read it
+        return self.versions
+
+
+@lru_cache(maxsize=None)
+def load_deprecated(trainer: str) -> tuple[Deprecated, ...]:
+    """The deprecated keys of ``trainer``, validated."""
+    path = KEYS_DIR / "deprecated.toml"
+    rows = tuple(Deprecated(**item) for item in tomllib.loads(path.read_text(encoding="utf-8"))["key"])
+    for row in rows:
+        if bool(row.becomes) == bool(row.how) or not row.source.startswith("https://") or not row.versions:
+            raise ValueError(f"{path} {row.name}: one of becomes or how, with versions and an https source")
+    return tuple(row for row in rows if row.trainer == trainer)
+
+
+def rewrite_deprecated(b: Builder, trainer: str, handlers: dict[str, Handler]) -> set[str]:
+    """Read ``b.raw``'s deprecated keys with the meaning they had: a renamed key becomes today's
+    (``b.raw`` then holds the config as the installed trainer would have to be given it), a
+    removed one goes through its handler. Returns the top-level keys handled here, which the
+    walk leaves alone; each one is named in a note with its versions."""
+    handled: set[str] = set()
+    for row in load_deprecated(trainer):
+        outer, _, inner = row.name.partition(".")
+        holder = b.raw.get(outer) if inner else b.raw
+        key = inner or outer
+        if not isinstance(holder, dict) or key not in holder:
+            continue
+        value = holder[key]
+        if row.how:
+            handlers[row.how](b, row, row.name, value, False)
+            if not inner:
+                handled.add(key)
+                b.classes[key], b.runs[key] = "translated", "neither"
+            continue
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        new = row.values.get(text, value) if row.values else value
+        del holder[key]
+        if row.becomes in holder:
+            b.caveat(row.name, f"the name of {row.becomes} in {row.versions}; ignored here: {row.becomes} is set too")
+        elif new != "":
+            holder[row.becomes] = new
+            b.caveat(row.name, f"the name of {row.becomes} in {row.versions}: read as {row.becomes}: {new!r}; "
+                     f"{row.note} ({row.source})")
+        else:
+            b.caveat(row.name, f"the name of {row.becomes} in {row.versions}: {value!r} leaves {row.becomes} at its "
+                     f"default; {row.note}")
+        if not inner:
+            b.classes[key] = "translated"
+    return handled
+
+
 def apply(b: Builder, table: KeyTable, handlers: dict[str, Handler], raw: Optional[dict] = None,
           defaults: Optional[dict] = None) -> None:
     """Walk ``raw`` (the config; default ``b.raw``) through ``table``: trainer defaults for the
@@ -190,6 +261,44 @@ def apply(b: Builder, table: KeyTable, handlers: dict[str, Handler], raw: Option
             if key in row.aliases and row.versions:
                 b.caveat(key, row.versions)
             _translate(b, row, name, value, handlers, False)
+
+
+def installed(package: str) -> bool:
+    """Whether ``package`` can be imported here, found without importing it (a trainer's import
+    costs seconds to a minute; a missing one must cost nothing)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def plain(value: Any) -> Any:
+    """A value a trainer's parser made (an enum, a tuple) as a config would write it."""
+    import enum
+
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+def known_to_trainer(b: Builder, known: frozenset, trainer: str) -> None:
+    """After a walk whose trainer was asked: a key the trainer's own schema knows but no row of
+    the table names is the trainer's (no check reads it), not unknown."""
+    for key in [k for k in b.unknown if k in known]:
+        b.unknown.remove(key)
+        b.unchecked[key] = f"a {trainer} {b.version} key no check reads"
+
+
+def mentioned_key(text: str, keys) -> str:
+    """The first of ``keys`` a trainer's message names (``sdp_attention: true``), or ""."""
+    import re
+
+    words = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text)
+    return next((w for w in words if w in keys), "")
 
 
 def _refuses(row: Row, value: Any) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import warnings
 from pathlib import Path
 from typing import Any, Optional
@@ -16,7 +17,7 @@ from typing import Any, Optional
 from .base import Builder, first_row, row_format
 from .common import (SHARED_HANDLERS, accelerate_settings, chat_template_value, lora_targets, peft_default_targets,
                      read_accelerate)
-from .table import Row, apply, load_table
+from .table import Row, apply, known_to_trainer, load_table, rewrite_deprecated
 
 TITLE = "TRL (trl sft --config)"
 DATASET_ENTRY_KEYS = ("path", "data_files", "split", "name", "data_dir")
@@ -49,6 +50,7 @@ def ask_trl(raw: dict) -> Optional[tuple[dict, frozenset, str]]:
 def translate(b: Builder) -> None:
     table = load_table("trl")
     b.version = table.version
+    handled = rewrite_deprecated(b, "trl", HANDLERS)  # older TRL's keys, with the meaning they had
     try:
         asked = ask_trl(b.raw)
     except ValueError as exc:
@@ -58,11 +60,9 @@ def translate(b: Builder) -> None:
         defaults, known, version = asked
         b.version = version
         b.title = f"{TITLE}, TRL {version}'s parser"
-    apply(b, table, HANDLERS, defaults=defaults)
+    apply(b, table, HANDLERS, raw={k: v for k, v in b.raw.items() if k not in handled}, defaults=defaults)
     if asked is not None:  # a key TRL knows but no row names: TRL's, and no check reads it
-        for key in [k for k in b.unknown if k in known]:
-            b.unknown.remove(key)
-            b.unchecked[key] = f"a TRL {version} key no check reads"
+        known_to_trainer(b, known, "TRL")
     _data(b)
     _precision_note(b)
 
@@ -78,8 +78,6 @@ def _dtype(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
 
 
 def _checkpoint_dtype(b: Builder) -> Optional[str]:
-    import json
-
     folder = b.tables.get("model", {}).get("path") or b.raw.get("model_name_or_path") or ""
     try:
         config = json.loads((b.local_path(str(folder)) / "config.json").read_text(encoding="utf-8"))
@@ -124,6 +122,66 @@ def _chat_template(b: Builder, row: Row, name: str, value: Any, default: bool) -
                      "model's own template; point [data] chat_template in ftready.toml at the .jinja file")
         return
     chat_template_value(b, name, value)
+
+
+def _tokenizer(b: Builder, row, name: str, value: Any, default: bool) -> None:
+    """tokenizer_name_or_path (older recipes built on TRL): the tokenizer, and its chat template,
+    from another repository than the model's."""
+    text = str(value or "")
+    if not text:
+        b.mapped.append((name, "(unset: the model's tokenizer)"))
+        return
+    local = b.local_path(text)
+    template = next((p for p in (local / "chat_template.jinja",) if p.is_file()), None) if local.is_dir() else None
+    if template is None and local.is_dir():
+        try:
+            inline = json.loads((local / "tokenizer_config.json").read_text(encoding="utf-8")).get("chat_template")
+        except (OSError, ValueError):
+            inline = None
+        if isinstance(inline, str) and inline:
+            chat_template_value(b, name, inline)
+            template = "inline"
+    if template is not None and template != "inline":
+        b.put(f"{name} (its chat_template.jinja)", "data", "chat_template", str(template))
+    what = (f"the rows are rendered with its chat template ([data] chat_template); the checks still tokenize with "
+            "the model's tokenizer, so a different vocabulary or special tokens are not reflected: point [model] "
+            "path in ftready.toml at a folder holding both" if template is not None else
+            f"the rows are rendered with {text!r}'s chat template, which is not readable here: data.template and "
+            "data.masking verify the model's own; save that template as a .jinja file and set [data] chat_template "
+            "in ftready.toml")
+    b.caveat(name, f"the tokenizer comes from {text!r}, not the model ({row.versions}; {row.source}): {what}")
+
+
+def _spectrum(b: Builder, row, name: str, value: Any, default: bool) -> None:
+    """spectrum_config_path: only the parameters its unfrozen_parameters regexes match are trained."""
+    import yaml
+
+    path = b.local_path(str(value))
+    try:
+        listed = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("unfrozen_parameters")
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
+        listed = None
+    if isinstance(listed, list) and listed and all(isinstance(p, str) for p in listed):
+        b.put(f"{name} (its {len(listed)} unfrozen_parameters)", "training", "trainable", listed)
+        b.caveat(name, memory=True, text=f"Spectrum: every parameter frozen but those matching the {len(listed)} "
+                 f"unfrozen_parameters of {value!r}, carried as [training] trainable ({row.versions}; {row.note})")
+    else:
+        b.caveat(name, memory=True, text=f"Spectrum trains only the parameters {value!r} lists (unfrozen_parameters), "
+                 "which is not readable here: the checks train every parameter, over-counting gradients and "
+                 "optimizer states by the frozen share (x3 their bytes with AdamW); set [training] trainable in "
+                 f"ftready.toml to its unfrozen_parameters ({row.source})")
+
+
+def _add_special_tokens(b: Builder, row, name: str, value: Any, default: bool) -> None:
+    """dataset_kwargs.add_special_tokens (TRL 0.8 to 0.14): BOS/EOS added when tokenizing the formatted text."""
+    b.put(name, "data", "add_special_tokens", bool(value))
+    b.caveat(name, f"{value!r} (TRL 0.8 to 0.14: {row.versions.split(': ', 1)[-1]}): carried as [data] "
+             f"add_special_tokens = {str(bool(value)).lower()}, the meaning the config was written with; {row.note}, "
+             f"so a run on the installed TRL tokenizes as it does by default ({row.source})")
+
+
+def _append_concat_token(b: Builder, row, name: str, value: Any, default: bool) -> None:
+    b.caveat(name, f"{value!r}: {row.versions}; the plugin's packer separates rows its own way and {row.note}")
 
 
 def _accelerate(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
@@ -235,4 +293,6 @@ def _entry_files(b: Builder, where: str, entry: dict) -> list[Path]:
 
 HANDLERS = {**SHARED_HANDLERS, "dtype": _dtype, "quantization": _quantization, "adapter": _adapter,
             "targets": _targets, "datasets": _recorded, "data_flag": _recorded, "chat_template": _chat_template,
-            "accelerate": _accelerate, "mixed_precision": _mixed_precision}
+            "accelerate": _accelerate, "mixed_precision": _mixed_precision, "tokenizer": _tokenizer,
+            "spectrum": _spectrum, "add_special_tokens": _add_special_tokens,
+            "append_concat_token": _append_concat_token}

@@ -1,0 +1,129 @@
+"""Each key table (recipe/importers/keys) held against the installed trainer's own schema: TRL's
+parser (main environment), Axolotl's pydantic input config and LLaMA-Factory's argument
+dataclasses (their CI environments run this file too). A key, default or alias the table has
+and the trainer does not, or the other way round, fails naming it, so a new trainer release
+shows as a list of keys to update, never as a silent default. Skipped where the trainer is not
+installed, saying which."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import warnings
+
+import pytest
+
+from pytest_ftready.recipe.importers.table import NOT_SET, installed, load_deprecated, load_table
+
+# Table defaults that stand for "the trainer computes it" (its schema default is None).
+COMPUTED = {"unset", "", "rank x 2"}
+
+
+def _plain(value):
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def trl_schema():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import trl
+        from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, SFTConfig, TrlParser
+    parser = TrlParser((ScriptArguments, SFTConfig, ModelConfig, DatasetMixtureConfig))
+    defaults = {a.dest: _plain(a.default) for a in parser._actions if a.dest != "help"}
+    return trl.__version__, defaults, {}
+
+
+def axolotl_schema():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import axolotl
+        from axolotl.utils.schemas.config import AxolotlInputConfig
+    defaults, aliases = {}, {}
+    for name, field in AxolotlInputConfig.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        defaults[name] = _plain(default)
+        if field.alias:
+            aliases[field.alias] = name
+    return axolotl.__version__, defaults, aliases
+
+
+def llamafactory_schema():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import llamafactory
+        from llamafactory.hparams.parser import _TRAIN_ARGS
+    defaults = {}
+    for cls in _TRAIN_ARGS:
+        for field in dataclasses.fields(cls):
+            if field.init:
+                default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+                defaults[field.name] = None if default is dataclasses.MISSING else _plain(default)
+    return llamafactory.__version__, defaults, {}
+
+
+SCHEMAS = {"trl": ("trl", trl_schema), "axolotl": ("axolotl", axolotl_schema),
+           "llamafactory": ("llamafactory", llamafactory_schema)}
+
+
+@pytest.fixture(scope="module", params=sorted(SCHEMAS))
+def schema(request):
+    trainer = request.param
+    package, read = SCHEMAS[trainer]
+    if not installed(package):
+        pytest.skip(f"needs {package} installed (its CI environment) to hold keys/{trainer}.toml against its schema")
+    version, defaults, aliases = read()
+    return trainer, version, defaults, aliases
+
+
+def _same(table_default, schema_default) -> bool:
+    if table_default in COMPUTED or table_default is None:
+        return schema_default is None or schema_default == table_default
+    if isinstance(table_default, float) or isinstance(schema_default, float):
+        try:
+            return float(table_default) == float(schema_default)
+        except (TypeError, ValueError):
+            return False
+    if isinstance(schema_default, list) and isinstance(table_default, str):
+        return schema_default == [table_default]
+    return table_default == schema_default
+
+
+def test_every_key_of_the_table_is_a_key_of_the_installed_trainer(schema):
+    trainer, version, defaults, aliases = schema
+    table = load_table(trainer)
+    own = [row for row in table.rows if not row.prefix and not row.schema and row.source.startswith(table.source)]
+    missing = [f"{name} ({row.source.removeprefix(table.source)})" for row in own for name in row.names
+               if name not in defaults and name not in aliases]
+    assert missing == [], f"keys of keys/{trainer}.toml that {trainer} {version} does not have: {', '.join(missing)}"
+
+
+def test_every_key_of_the_installed_trainer_has_a_row(schema):
+    trainer, version, defaults, aliases = schema
+    table = load_table(trainer)
+    renamed = {row.name for row in load_deprecated(trainer)}
+    unnamed = sorted(name for name in defaults if table.row(name) is None and name not in renamed)
+    assert unnamed == [], f"keys of {trainer} {version} that keys/{trainer}.toml has no row for: {', '.join(unnamed)}"
+
+
+def test_the_tables_defaults_are_the_installed_trainers(schema):
+    trainer, version, defaults, aliases = schema
+    table = load_table(trainer)
+    differ = [f"{row.names[0]}: table {row.default!r}, {trainer} {version} {defaults[row.names[0]]!r}"
+              for row in table.rows if row.cls == "translated" and row.default is not NOT_SET and not row.prefix
+              and row.names[0] in defaults and not _same(row.default, defaults[row.names[0]])]
+    assert differ == [], "defaults that differ: " + "; ".join(differ)
+
+
+def test_the_tables_aliases_are_the_installed_trainers(schema):
+    trainer, version, defaults, aliases = schema
+    table = load_table(trainer)
+    # an alias the trainer no longer has is fine where the row says in which versions it was the name
+    stale = [f"{alias} (of {row.names[0]})" for row in table.rows for alias in row.aliases
+             if alias not in aliases and alias not in defaults and not row.versions]
+    unlisted = [f"{alias} (of {name})" for alias, name in aliases.items()
+                if table.row(name) is not None and alias not in table.row(name).aliases and alias not in table.row(name).names]
+    assert (stale, unlisted) == ([], []), f"aliases {trainer} {version} lacks: {stale}; aliases the table lacks: {unlisted}"
