@@ -103,3 +103,106 @@ def test_the_tables_name_real_recipe_keys_and_handlers(trainer):
         if row.how:
             assert row.how in handlers, row.names
     assert len(names) == len(set(names))  # one row per key
+
+
+# ---- configs as teams write them (conformance/patterns/): each gives the trainer's meaning or a note naming the key
+PATTERNS = CONFORMANCE / "patterns"
+NEOX = {"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"], "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 128, "max_position_embeddings": 64,
+        "rotary_pct": 0.25}
+NEOX_LINEAR = ["dense", "dense_4h_to_h", "dense_h_to_4h", "query_key_value"]  # GPTNeoXLayer's nn.Linear leaves
+
+
+@pytest.fixture(scope="module")
+def patterns(tmp_path_factory, folders) -> Path:
+    """The pattern configs beside a model folder, a GPT-NeoX config, a tokenizer folder and rows."""
+    folder = tmp_path_factory.mktemp("patterns")
+    shutil.copytree(PATTERNS, folder, dirs_exist_ok=True)
+    shutil.copytree(folders["llamafactory"] / "data", folder / "data")
+    (folder / "model").mkdir()
+    (folder / "neox").mkdir()
+    (folder / "neox" / "config.json").write_text(json.dumps(NEOX))
+    (folder / "tokenizer").mkdir()
+    (folder / "tokenizer" / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    row = {"messages": [{"role": "user", "content": "2+2?"},
+                        {"role": "assistant", "content": "4", "thinking": "two and two make four"}]}
+    (folder / "data" / "reasoning.jsonl").write_text(json.dumps(row) + "\n")
+    return folder
+
+
+def notes(recipe, key: str) -> list[str]:
+    return [c for c in recipe.origin.caveats if c.startswith(key + ":")]
+
+
+def test_a_local_model_folder_absent_here_is_named_and_the_side_file_fixes_it(patterns):
+    path = patterns / "trl_local_model.yaml"
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    assert info.value.where == "model_name_or_path" and "\n" not in str(info.value)
+    assert "'/workspace/models/llama-3-8b/' is a local model folder that is not on this machine" in str(info.value)
+    assert "the side file's [model] path fixes it" in str(info.value)
+    (patterns / "trl_local_model.ftready.toml").write_text('[model]\npath = "model"\n')
+    assert load_recipe(path).model.path == patterns / "model"
+
+
+@pytest.mark.parametrize(("config", "stage", "offload", "source"), [
+    ("axolotl_bundled_zero2.yml", 2, "optimizer", "axolotl/blob/"),
+    ("llamafactory_bundled_z3_offload.yaml", 3, "both", "LLaMA-Factory/blob/"),
+])
+def test_the_trainers_bundled_deepspeed_configs_are_read_from_their_contents(patterns, config, stage, offload, source):
+    recipe = load_recipe(patterns / config)
+    assert (recipe.distributed.zero_stage, recipe.distributed.cpu_offload) == (stage, offload)
+    assert any(source in src for src, dst in recipe.origin.mapped if dst == "[distributed] zero_stage")
+    assert not any("read from its name" in c for c in recipe.origin.caveats)
+
+
+def test_older_trl_keys_keep_the_meaning_they_had(patterns):
+    recipe = load_recipe(patterns / "trl_older_keys.yaml")
+    assert recipe.model.attn_implementation == "flash_attention_2"  # use_flash_attention_2: true
+    assert recipe.training.loss == "fused_linear"  # use_liger: the old name of use_liger_kernel
+    assert recipe.data.chat_template == patterns / "tokenizer" / "chat_template.jinja"  # tokenizer_name_or_path
+    assert list(recipe.training.trainable) == ["^lm_head.weight$", "model.layers.1.self_attn.q_proj"]  # Spectrum
+    assert recipe.data.add_special_tokens is False  # dataset_kwargs.add_special_tokens (TRL 0.8 to 0.14)
+    for key in ("use_flash_attention_2", "use_liger", "tokenizer_name_or_path", "spectrum_config_path",
+                "dataset_kwargs.add_special_tokens", "dataset_kwargs.append_concat_token"):
+        assert notes(recipe, key), key
+    assert "TRL 0.10 to 0.17" in notes(recipe, "use_liger")[0]
+    assert recipe.origin.unknown == ()
+    assert recipe.origin.value("use_liger_kernel") is True and recipe.origin.value("use_liger") is None
+
+
+def test_axolotl_trains_the_union_of_every_linear_layer_and_the_named_modules(patterns):
+    recipe = load_recipe(patterns / "axolotl_target_union.yml")
+    # Axolotl's find_all_linear_names drops the output layer (lm_head in transformers 5's GPT-NeoX): the list adds it
+    assert list(recipe.adapter.target_modules) == sorted(NEOX_LINEAR + ["lm_head"])
+    assert not notes(recipe, "lora_target_linear")
+
+
+def test_all_linear_is_the_architectures_own_module_names(patterns):
+    recipe = load_recipe(patterns / "trl_all_linear.yaml")
+    assert list(recipe.adapter.target_modules) == NEOX_LINEAR  # peft's rule leaves the output embedding out
+    assert ("lora_target_modules (peft's all-linear on gpt_neox)", "[adapter] target_modules") in recipe.origin.mapped
+
+
+def test_all_linear_of_a_hub_model_names_the_architecture(patterns):
+    (patterns / "axolotl_all_linear_hub.ftready.toml").write_text('[data]\ntrain = ["data/train.jsonl"]\n')
+    recipe = load_recipe(patterns / "axolotl_all_linear_hub.yml")
+    (note,) = notes(recipe, "lora_target_linear")
+    assert "GPTNeoXForCausalLM" in note and "set [model] path in ftready.toml" in note
+    (patterns / "axolotl_all_linear_hub.ftready.toml").write_text('[model]\npath = "neox"\n'
+                                                                    '[data]\ntrain = ["data/train.jsonl"]\n')
+    recipe = load_recipe(patterns / "axolotl_all_linear_hub.yml")  # the local copy's config.json gives the names
+    assert list(recipe.adapter.target_modules) == NEOX_LINEAR
+
+
+def test_axolotls_reasoning_fields_are_named_where_the_checks_would_render_otherwise(patterns):
+    recipe = load_recipe(patterns / "axolotl_reasoning.yml")
+    (note,) = notes(recipe, "datasets[0].field_thinking")
+    assert "'thinking'" in note and "'reasoning_content'" in note and "data.masking" in note
+    assert "datasets[0].template_thinking_key" not in dict(recipe.origin.not_checked)
+
+
+def test_a_vision_flag_is_refused_in_one_line(patterns):
+    with pytest.raises(RecipeError) as info:
+        load_recipe(patterns / "trl_vision.yaml")
+    assert info.value.where == "vision_model" and "refused" in str(info.value) and "\n" not in str(info.value)

@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional
 
-from .base import Builder
+from .base import Builder, first_row
 from .common import (SHARED_HANDLERS, add_stop_tokens, attention, chat_template_value, lora_targets,
                      peft_default_targets)
 from .table import Row, apply, installed, known_to_trainer, load_table, mentioned_key, plain, rewrite_deprecated
@@ -28,7 +28,9 @@ FLAGS = {"flash_attention": "flash_attention_2", "sdp_attention": "sdpa", "eager
 CHAT_TYPES = ("chat_template", "chat_template.default")
 DATASET_KEYS_READ = {"path", "type", "data_files", "ds_type", "split", "field_messages", "roles_to_train",
                      "train_on_eos", "message_property_mappings", "message_field_role", "message_field_content",
-                     "field", "chat_template", "name", "chat_template_jinja"}
+                     "field", "chat_template", "name", "chat_template_jinja", "field_thinking", "template_thinking_key",
+                     "split_thinking"}
+REASONING = "reasoning_content"  # the message key Axolotl and the reasoning templates (Qwen3, DeepSeek-R1) use
 # dataset types that are not text SFT rows (Axolotl's preference / RL strategies)
 PREFERENCE_TYPES = ("chatml.", "llama3.", "zephyr.", "user_defined.", "bradley_terry", "stepwise_supervised")
 
@@ -130,6 +132,11 @@ def _adapter(b: Builder, row: Row, name: str, value: Any, default: bool) -> None
         b.put(name, "adapter", "method", "lora")
         if not b.raw.get("lora_target_modules") and not b.raw.get("lora_target_linear"):
             peft_default_targets(b, "lora_target_modules")
+        unset = [key for key in ("lora_r", "lora_alpha") if b.raw.get(key) is None]
+        if unset:
+            b.caveat(unset[0], f"{' and '.join(unset)} unset: Axolotl hands peft None (no rank, no scale), so its LoRA "
+                     "layers cannot be built as written; the checks use the recipe's defaults (r 16, alpha 32): set "
+                     f"{' and '.join(unset)} in the config")
         if value == "qlora" and not b.raw.get("load_in_8bit"):
             b.put(name, "model", "quantization", "4bit")
     elif value:
@@ -204,6 +211,7 @@ def _datasets(b: Builder, row: Row, name: str, value: Any, default: bool) -> Non
         if kind in CHAT_TYPES or kind is None and entry.get("field_messages"):
             kinds.add("messages")
             _chat_entry(b, where, entry)
+            _reasoning(b, where, entry, found)
         elif kind == "completion":
             kinds.add("text")
             if entry.get("field", "text") != "text":
@@ -249,6 +257,33 @@ def _chat_entry(b: Builder, where: str, entry: dict) -> None:
                  "trained and reports the difference")
     if entry.get("chat_template") and not str(entry["chat_template"]).startswith("tokenizer_default"):
         b.caveat(f"{where}.chat_template", "a per-dataset template is not applied: the checks use one template")
+
+
+def _reasoning(b: Builder, where: str, entry: dict, files: list[Path]) -> None:
+    """Axolotl's reasoning fields: each message's ``field_thinking`` is handed to the template as
+    ``template_thinking_key`` and trained with the assistant turn it belongs to (the whole turn
+    the template renders, reasoning included, is what data.masking expects trained)."""
+    field = entry.get("field_thinking") or REASONING
+    key = entry.get("template_thinking_key") or REASONING
+    if entry.get("split_thinking"):
+        b.caveat(f"{where}.split_thinking", "Axolotl splits a <think>...</think> block out of each assistant content "
+                 f"into {key!r} (Qwen3 templates): the checks render the content as written, so where the template "
+                 "renders reasoning apart (or drops it from earlier turns) data.masking sees other tokens")
+    if field == key:
+        if "field_thinking" in entry or "template_thinking_key" in entry:
+            b.mapped.append((f"{where}.field_thinking", f"(the rows' {field!r} is what the template reads: rendered and "
+                             "trained with the assistant turn, as data.masking expects)"))
+        return
+    row = first_row(files)
+    messages = row.get(entry.get("field_messages", "messages")) if isinstance(row, dict) else None
+    carried = isinstance(messages, list) and any(isinstance(m, dict) and field in m for m in messages)
+    if not carried and isinstance(messages, list):
+        b.mapped.append((f"{where}.field_thinking", f"(no message of the first row has {field!r}: nothing renamed)"))
+        return
+    b.caveat(f"{where}.field_thinking", f"Axolotl hands each message's {field!r} to the template as {key!r} and "
+             "trains it with the assistant turn; the checks render the rows as written, where the template finds no "
+             f"{key!r}: data.template and data.masking see the turns without their reasoning (fewer trained tokens "
+             f"than Axolotl's). Name the field {key!r} in the rows to have it checked")
 
 
 def _entry_files(b: Builder, where: str, entry: dict) -> list[Path]:

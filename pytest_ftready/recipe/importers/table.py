@@ -67,7 +67,13 @@ class Row:
     effect: str = ""  # "none": logging/reporting only (listed as not checked); "memory": a memory lever
     allow: tuple = ()  # refused: values that are text SFT after all (e.g. stage: sft)
     versions: str = ""  # trainer versions the row holds for, where it differs
-    schema: str = ""  # whose keys these are when not the trainer's own schema's (a recipe script, accelerate)
+    # Against the installed trainer's schema (tests/recipe/test_tables_against_trainers.py): the names that are
+    # other programs' keys (a recipe script's, accelerate's, a plugin's) with whose, and the trainer versions
+    # that added (since) or last had (until) a name, where the versions the table covers differ.
+    outside: tuple = ()
+    schema: str = ""
+    since: dict = field(default_factory=dict)
+    until: dict = field(default_factory=dict)
 
     def matches(self, key: str) -> bool:
         if self.prefix:
@@ -101,6 +107,7 @@ class KeyTable:
     source: str
     rows: tuple[Row, ...]
     run: RunKeys = RunKeys("")
+    covers: str = ""  # the oldest trainer version the rows are held for against its schema (default: version)
 
     def row(self, key: str) -> Optional[Row]:
         exact = [r for r in self.rows if not r.prefix and r.matches(key)]
@@ -120,7 +127,9 @@ def load_table(trainer: str) -> KeyTable:
         names = item.pop("names", None) or [item.pop("name")]
         item.pop("name", None)
         row = Row(names=tuple(names), cls=item.pop("class"), aliases=tuple(item.pop("aliases", ())),
-                  allow=tuple(item.pop("allow", ())), **item)
+                  allow=tuple(item.pop("allow", ())), outside=tuple(item.pop("outside", ())), **item)
+        if row.outside and not row.schema or not set(row.outside) <= set(row.names):
+            raise ValueError(f"{path} key[{i}] {names}: outside names some of names, and schema says whose they are")
         if row.cls not in CLASSES or not row.source or not row.does:
             raise ValueError(f"{path} key[{i}] {names}: class must be one of {CLASSES}, with does and source")
         if row.cls == "translated" and not (row.recipe or row.how):
@@ -131,7 +140,8 @@ def load_table(trainer: str) -> KeyTable:
     if meta.get("include"):  # a shared table (transformers' TrainingArguments); own rows win by name
         own = {name for row in rows for name in row.names}
         rows += [row for row in load_table(meta["include"]).rows if not own & set(row.names)]
-    return KeyTable(meta["name"], meta["version"], meta["source"], tuple(rows), _run_keys(path, raw.get("run")))
+    return KeyTable(meta["name"], meta["version"], meta["source"], tuple(rows), _run_keys(path, raw.get("run")),
+                    meta.get("covers", meta["version"]))
 
 
 def _run_keys(path: Path, raw: Optional[dict]) -> RunKeys:
