@@ -21,7 +21,7 @@ from typing import Any, Optional
 from .base import Builder, first_row
 from .common import (SHARED_HANDLERS, add_stop_tokens, attention, chat_template_value, lora_targets,
                      peft_default_targets)
-from .table import Row, apply, installed, known_to_trainer, load_table, mentioned_key, plain, rewrite_deprecated
+from .table import Row, installed, plain, read_config
 
 TITLE = "Axolotl"
 FLAGS = {"flash_attention": "flash_attention_2", "sdp_attention": "sdpa", "eager_attention": "eager"}
@@ -84,26 +84,7 @@ def _refusal(exc: BaseException) -> str:
 
 
 def translate(b: Builder) -> None:
-    table = load_table("axolotl")
-    b.version = table.version
-    handled = rewrite_deprecated(b, "axolotl", HANDLERS)
-    try:
-        asked = ask_axolotl(b.raw)
-    except ValueError as exc:
-        said = str(exc)
-        raise b.fail(mentioned_key(said, b.raw), f"Axolotl's config validation refuses this config: {said[:600]} "
-                     "(axolotl train would stop the same way)") from None
-    defaults = None
-    if asked is not None:
-        defaults, known, version, lines = asked
-        b.version = version
-        b.title = f"{TITLE}, Axolotl {version}'s config validation"
-        for line in lines:
-            if "deprecat" in line.lower() or "no longer" in line.lower():
-                b.caveat(mentioned_key(line, b.raw) or "axolotl", f"Axolotl {version} says: {line[:300]}")
-    apply(b, table, HANDLERS, raw={k: v for k, v in b.raw.items() if k not in handled}, defaults=defaults)
-    if asked is not None:
-        known_to_trainer(b, known, "Axolotl")
+    read_config(b, "axolotl", HANDLERS, ask_axolotl, "config validation", "axolotl train")
     _finish(b)
 
 

@@ -16,14 +16,13 @@ import contextlib
 import dataclasses
 import io
 import json
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Optional
 
 from .base import Builder, data_files_in
 from .common import SHARED_HANDLERS, lora_targets
-from .table import Row, apply, installed, known_to_trainer, load_table, mentioned_key, plain, rewrite_deprecated
+from .table import Row, installed, load_table, plain, read_config
 
 TITLE = "LLaMA-Factory"
 DATASET_DIR = "data"
@@ -36,8 +35,10 @@ SHAPING_KEYS = ("formatting", "columns", "tags", "ranking")  # what of a dataset
 
 def ask_llamafactory(raw: dict, unparsed: tuple = ()) -> Optional[tuple[dict, frozenset, str]]:
     """LLaMA-Factory's own parsing of ``raw``: (every argument's value, the keys its dataclasses
-    know, its version), or None without LLaMA-Factory. ``unparsed`` keys are left to the importer
-    (the sharding keys: transformers would load DeepSpeed for them). A config its parser refuses
+    know, its version), or None without LLaMA-Factory. Its own argument dataclasses (model, data,
+    finetuning, generating) parse the config with their checks; its TrainingArguments give their
+    defaults only (their checks are the machine's: bf16 on a CPU, a DeepSpeed install), and
+    ``unparsed`` keys (the sharding ones) are left to the importer. A config its parser refuses
     raises ValueError with its message."""
     if not installed("llamafactory"):
         return None
@@ -45,40 +46,32 @@ def ask_llamafactory(raw: dict, unparsed: tuple = ()) -> Optional[tuple[dict, fr
         warnings.simplefilter("ignore")
         import llamafactory
         from llamafactory.hparams.parser import _TRAIN_ARGS, HfArgumentParser
-    fields = [f for cls in _TRAIN_ARGS for f in dataclasses.fields(cls) if f.init]
-    known = frozenset(f.name for f in fields)
-    args = {k: v for k, v in raw.items() if k in known and k not in unparsed}
-    with tempfile.TemporaryDirectory() as scratch:
-        args.setdefault("output_dir", scratch)  # required by TrainingArguments; the run's own is the config's
-        try:
-            with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                parsed = HfArgumentParser(_TRAIN_ARGS).parse_dict(args, allow_extra_keys=True)
-        except (ValueError, TypeError) as exc:
-            raise ValueError(" ".join(str(exc).split())) from None
-    values = {f.name: plain(getattr(obj, f.name)) for obj in parsed for f in dataclasses.fields(obj) if f.init}
-    values.pop("output_dir", None)
+        from transformers import TrainingArguments
+    own = [cls for cls in _TRAIN_ARGS if not issubclass(cls, TrainingArguments)]
+    values = {f.name: plain(_default(f)) for cls in _TRAIN_ARGS if cls not in own
+              for f in dataclasses.fields(cls) if f.init}
+    known = frozenset([*values, *(f.name for cls in own for f in dataclasses.fields(cls) if f.init)])
+    args = {k: v for k, v in raw.items() if k in known and k not in values and k not in unparsed}
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            parsed = HfArgumentParser(own).parse_dict(args, allow_extra_keys=True)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(" ".join(str(exc).split())) from None
+    values.update({f.name: plain(getattr(obj, f.name)) for obj in parsed for f in dataclasses.fields(obj) if f.init})
     return {k: v for k, v in values.items() if v is not None}, known, llamafactory.__version__
 
 
+def _default(field: dataclasses.Field) -> Any:
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None if field.default is dataclasses.MISSING else field.default
+
+
 def translate(b: Builder) -> None:
-    table = load_table("llamafactory")
-    b.version = table.version
-    handled = rewrite_deprecated(b, "llamafactory", HANDLERS)
-    try:
-        asked = ask_llamafactory(b.raw, unparsed=tuple(k for k, cls in table.run.listed if cls == "sharding"))
-    except ValueError as exc:
-        said = str(exc)
-        raise b.fail(mentioned_key(said, b.raw), f"LLaMA-Factory's argument parser refuses this config: {said[:600]} "
-                     "(llamafactory-cli train would stop the same way)") from None
-    defaults = None
-    if asked is not None:
-        defaults, known, version = asked
-        b.version = version
-        b.title = f"{TITLE}, LLaMA-Factory {version}'s argument parser"
-    apply(b, table, HANDLERS, raw={k: v for k, v in b.raw.items() if k not in handled}, defaults=defaults)
-    if asked is not None:
-        known_to_trainer(b, known, "LLaMA-Factory")
+    sharding = tuple(k for k, cls in load_table("llamafactory").run.listed if cls == "sharding")
+    read_config(b, "llamafactory", HANDLERS, lambda raw: ask_llamafactory(raw, sharding), "argument parser",
+                "llamafactory-cli train")
     _data(b)
     _finetuning(b)
 

@@ -273,6 +273,34 @@ def apply(b: Builder, table: KeyTable, handlers: dict[str, Handler], raw: Option
             _translate(b, row, name, value, handlers, False)
 
 
+def read_config(b: Builder, trainer: str, handlers: dict[str, Handler], ask: Callable, reader: str,
+                command: str) -> None:
+    """Read ``b.raw`` as ``trainer`` would: its deprecated keys with the meaning they had, then the
+    installed trainer's own reading (``ask``: (values, known keys, version[, warnings]) or None
+    without it; ValueError when it refuses the config), then the walk through the key table with
+    the trainer's defaults. ``reader`` names its parser in messages, ``command`` its launcher."""
+    table = load_table(trainer)
+    b.version = table.version
+    handled = rewrite_deprecated(b, trainer, handlers)
+    try:
+        asked = ask(b.raw)
+    except ValueError as exc:
+        said = str(exc)
+        raise b.fail(mentioned_key(said, b.raw), f"{table.trainer}'s {reader} refuses this config: {said[:600]} "
+                     f"({command} would stop the same way)") from None
+    defaults = None
+    if asked is not None:
+        defaults, known, version, *said = asked
+        b.version = version
+        b.title = f"{b.title}, {table.trainer} {version}'s {reader}"
+        for line in said[0] if said else ():  # what it warned of: its deprecations
+            if "deprecat" in line.lower() or "no longer" in line.lower():
+                b.caveat(mentioned_key(line, b.raw) or trainer, f"{table.trainer} {version} says: {line[:300]}")
+    apply(b, table, handlers, raw={k: v for k, v in b.raw.items() if k not in handled}, defaults=defaults)
+    if asked is not None:
+        known_to_trainer(b, known, table.trainer)
+
+
 def installed(package: str) -> bool:
     """Whether ``package`` can be imported here, found without importing it (a trainer's import
     costs seconds to a minute; a missing one must cost nothing)."""

@@ -17,7 +17,7 @@ from typing import Any, Optional
 from .base import Builder, first_row, row_format
 from .common import (SHARED_HANDLERS, accelerate_settings, chat_template_value, lora_targets, peft_default_targets,
                      read_accelerate)
-from .table import Row, apply, known_to_trainer, load_table, rewrite_deprecated
+from .table import Row, read_config
 
 TITLE = "TRL (trl sft --config)"
 DATASET_ENTRY_KEYS = ("path", "data_files", "split", "name", "data_dir")
@@ -48,21 +48,7 @@ def ask_trl(raw: dict) -> Optional[tuple[dict, frozenset, str]]:
 
 
 def translate(b: Builder) -> None:
-    table = load_table("trl")
-    b.version = table.version
-    handled = rewrite_deprecated(b, "trl", HANDLERS)  # older TRL's keys, with the meaning they had
-    try:
-        asked = ask_trl(b.raw)
-    except ValueError as exc:
-        raise b.fail("", f"TRL's parser refuses this config: {exc}") from None
-    defaults = None
-    if asked is not None:
-        defaults, known, version = asked
-        b.version = version
-        b.title = f"{TITLE}, TRL {version}'s parser"
-    apply(b, table, HANDLERS, raw={k: v for k, v in b.raw.items() if k not in handled}, defaults=defaults)
-    if asked is not None:  # a key TRL knows but no row names: TRL's, and no check reads it
-        known_to_trainer(b, known, "TRL")
+    read_config(b, "trl", HANDLERS, ask_trl, "parser", "trl sft")
     _data(b)
     _precision_note(b)
 
