@@ -210,9 +210,7 @@ class Builder:
         self.tables.setdefault("name", _name(self.path.stem))
         self._model_here()
         if self.every_linear is not None and not (side and "target_modules" in read_side_toml(side).get("adapter", {})):
-            from .modules import resolve_every_linear
-
-            resolve_every_linear(self)
+            self.every_linear.resolve(self)
         if not self.tables.get("data", {}).get("train"):
             notes = "; ".join(c for c in self.caveats if "local" in c or "left out" in c)
             raise RecipeError(self.path, "[data] train", "no local training file in this config"

@@ -13,8 +13,6 @@ import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .base import Builder
-
 # Llama-style names: the fallback when the architecture cannot be read.
 LLAMA_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Each trainer's rule, with where it is written.
@@ -39,11 +37,15 @@ class EveryLinear:
     extra: tuple[str, ...] = ()  # modules named beside it (Axolotl trains the union)
     architecture: str = ""  # what the config says the architecture is, where it says (Axolotl's model_type)
 
+    def resolve(self, b) -> None:
+        """Resolved on the importer's ``Builder`` ``b`` once its model is known (``resolve_every_linear``)."""
+        resolve_every_linear(b, self)
 
-def resolve_every_linear(b: Builder) -> None:
-    """[adapter] target_modules from the model's own architecture (plus ``extra``), or Llama-style
-    names with a note naming the architecture where its config cannot be read here."""
-    want: EveryLinear = b.every_linear
+
+def resolve_every_linear(b, want: EveryLinear) -> None:
+    """[adapter] target_modules of the importer's Builder ``b`` from the model's own architecture
+    (plus ``want.extra``), or Llama-style names with a note naming the architecture where its
+    config cannot be read here."""
     model = b.tables.get("model", {})
     folder = b.local_path(str(model["path"])) if model.get("path") else None
     names, architecture, why = linear_names(folder, want.rule, bool(model.get("trust_remote_code")))
