@@ -92,14 +92,14 @@ def test_a_collator_padding_longer_than_the_engines_shows_both_step_memories(tmp
 def test_the_forecast_of_llamafactorys_own_step_is_within_the_bar_and_pads_as_its_collator(lf_state, run_check):
     import math
 
-    from pytest_ftready.trainers.hf import worst_case_examples
+    from pytest_ftready.trainers.base import worst_case_examples
 
     got = values(run_check(lf_state, "model.forecast_error"))
     assert got["measured_step_trainer"] == "llamafactory CustomSeq2SeqTrainer" and abs(got["forecast_error"]) <= 0.10
     assert got["forecast_path"] == ("llamafactory CustomSeq2SeqTrainer on cpu: the model's loss, rows padded to "
                                     f"{lf_state.step.tokens_per_step // 4}")
     # the forecast's padding rule, the longest row up to a multiple of 8, is what LLaMA-Factory's collator did
-    longest = max(min(e.length, lf_state.recipe.data.max_length) for e in worst_case_examples(lf_state))
+    longest = max(min(e.length, lf_state.recipe.data.max_length) for e in worst_case_examples(lf_state.run_inputs()))
     assert 4 * 8 * math.ceil(longest / 8) == lf_state.step.tokens_per_step
 
 
