@@ -206,3 +206,34 @@ def test_a_vision_flag_is_refused_in_one_line(patterns):
     with pytest.raises(RecipeError) as info:
         load_recipe(patterns / "trl_vision.yaml")
     assert info.value.where == "vision_model" and "refused" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_an_alignment_handbook_mixer_recipe_packs_as_its_run_sft_did(patterns):
+    recipe = load_recipe(patterns / "trl_handbook_mixer.yaml")
+    assert recipe.data.packing is True  # the handbook's run_sft.py: SFTTrainer(..., packing=True), over packing: false
+    (note,) = [n for n in notes(recipe, "dataset_mixer") if "packing=True" in n]
+    assert "over packing: False" in note and "alignment-handbook" in note and "[data] packing = false" in note
+    assert any(n.startswith("dataset_mixer:") and "packing=True" in n for n in recipe.origin.memory_notes)
+
+
+def test_trls_default_task_type_written_out_gives_no_lora_variant_note(patterns):
+    recipe = load_recipe(patterns / "trl_lora_task_type.yaml")
+    assert not notes(recipe, "lora_task_type") and not any("DoRA" in c for c in recipe.origin.caveats)
+    other = patterns / "trl_lora_task_type_seq_cls.yaml"
+    other.write_text((patterns / "trl_lora_task_type.yaml").read_text().replace("CAUSAL_LM", "SEQ_CLS"))
+    (note,) = notes(load_recipe(other), "lora_task_type")
+    assert "CAUSAL_LM" in note
+
+
+def test_all_written_for_every_linear_layer_is_refused_naming_peft_keyword(patterns):
+    with pytest.raises(RecipeError) as info:
+        load_recipe(patterns / "trl_target_all.yaml")
+    said = str(info.value)
+    assert info.value.where == "lora_target_modules" and "'all-linear'" in said and "\n" not in said
+
+
+def test_a_llamafactory_multimodal_template_is_noted_naming_the_template(patterns):
+    recipe = load_recipe(patterns / "llamafactory_vl_template.yaml")
+    (note,) = [n for n in notes(recipe, "template") if "multimodal" in n]
+    assert "'qwen2_vl'" in note and "freeze_vision_tower" in note
+    assert note in recipe.origin.memory_notes

@@ -175,3 +175,17 @@ def test_the_example_reads_to_the_same_recipe_through_the_trainers_schema_and_th
     assert version not in table.origin.title
     plain = [{k: v for k, v in r.to_dict().items() if k != "translation"} for r in (asked, table)]
     assert plain[0] == plain[1]
+
+
+def test_llamafactorys_multimodal_templates_are_the_installed_ones():
+    """keys/llamafactory.toml's [multimodal_templates] (read without LLaMA-Factory) lists the
+    templates the installed LLaMA-Factory builds with a multimodal plugin."""
+    pytest.importorskip("llamafactory", reason="needs llamafactory installed (its CI environment) to hold "
+                        "[multimodal_templates] against its template registry")
+    from pytest_ftready.recipe.importers.table import table_section
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from llamafactory.data.template import TEMPLATES
+    installed_ones = {name for name, t in TEMPLATES.items() if type(t.mm_plugin).__name__ != "BasePlugin"}
+    listed = set(table_section("llamafactory", "multimodal_templates")["names"])
+    assert (sorted(installed_ones - listed), sorted(listed - installed_ones)) == ([], [])

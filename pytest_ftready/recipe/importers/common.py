@@ -318,6 +318,11 @@ def _low_rank(b: Builder, row, name: str, value: Any, default: bool) -> None:
         b.mapped.append((name, "(off)"))
 
 
+# Strings written for "every linear layer" that are not the trainer's keyword: peft full-matches a string
+# target as a regex against module names, so these match nothing (peft's keyword is "all-linear").
+NOT_EVERY_LINEAR = frozenset({"all", "linear", "all_linear", "all-linear-layers", "all_linear_layers", "all-layers"})
+
+
 def lora_targets(b: Builder, name: str, value: Any, every_linear: tuple = (), rule: str = "peft",
                  extra: tuple = ()) -> None:
     """LoRA targets: a list of module names, every linear layer (a value in ``every_linear``: the
@@ -329,6 +334,12 @@ def lora_targets(b: Builder, name: str, value: Any, every_linear: tuple = (), ru
         architecture = b.raw.get("model_type") if b.format == "axolotl" else None
         b.every_linear = EveryLinear(name.split(" ")[0], rule, tuple(str(m) for m in extra),
                                      str(architecture) if architecture else "")
+    elif isinstance(value, str) and value.strip().lower() in NOT_EVERY_LINEAR:
+        said = ("set lora_target_linear: true" if b.format == "axolotl" else
+                f"the trainer's keyword is {every_linear[0]!r}" if every_linear else "list the module names")
+        raise b.fail(name.split(" ")[0], f"{value!r} is not a keyword for every linear layer here: peft full-matches "
+                     f"a string against each module's name, so it matches none and the trainer stops ('Target "
+                     f"modules {value} not found in the base model'); for every linear layer {said}")
     elif isinstance(value, str):
         b.put(name, "adapter", "target_regex", value)
         b.tables["adapter"]["target_modules"] = []

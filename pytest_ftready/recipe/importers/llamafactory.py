@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from .base import Builder, data_files_in
 from .common import SHARED_HANDLERS, lora_targets
-from .table import Row, installed, load_table, plain, read_config
+from .table import Row, installed, load_table, plain, read_config, table_section
 
 TITLE = "LLaMA-Factory"
 DATASET_DIR = "data"
@@ -74,6 +74,36 @@ def translate(b: Builder) -> None:
                 "llamafactory-cli train")
     _data(b)
     _finetuning(b)
+    _multimodal_template(b)
+
+
+def _multimodal_template(b: Builder) -> None:
+    """A template LLaMA-Factory builds with a multimodal plugin: with a vision-language model it
+    trains media rows and freezes the vision tower and projector (its defaults), which the text
+    checks neither load nor count; said in a note naming the template."""
+    template = b.raw.get("template")
+    plugin = _multimodal_plugin(str(template)) if template else None
+    if plugin:
+        b.caveat("template", f"{template!r} is one of LLaMA-Factory's multimodal templates ({plugin}): with a "
+                 "vision-language model LLaMA-Factory loads its vision tower and projector, frozen by default "
+                 "(freeze_vision_tower, freeze_multi_modal_projector), and trains image/video/audio rows; the checks "
+                 "judge text rows on the language model only, so with such a model memory is under-counted by the "
+                 "vision weights and media rows are not judged (with a text model of this family nothing changes)",
+                 memory=True)
+
+
+def _multimodal_plugin(template: str) -> Optional[str]:
+    """The multimodal plugin LLaMA-Factory builds ``template`` with (the installed LLaMA-Factory's
+    registry, else ``[multimodal_templates]`` of keys/llamafactory.toml), or None."""
+    if installed("llamafactory"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from llamafactory.data.template import TEMPLATES
+        found = TEMPLATES.get(template)
+        name = type(found.mm_plugin).__name__ if found is not None else ""
+        return name if name and name != "BasePlugin" else None
+    listed = table_section("llamafactory", "multimodal_templates")["names"]
+    return "its multimodal plugin" if template in listed else None
 
 
 def _quantization(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:

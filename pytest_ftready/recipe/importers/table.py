@@ -118,6 +118,12 @@ class KeyTable:
 
 
 @lru_cache(maxsize=None)
+def table_section(trainer: str, section: str) -> dict:
+    """A section of keys/<trainer>.toml beside its rows (llamafactory's [multimodal_templates])."""
+    return tomllib.loads((KEYS_DIR / f"{trainer}.toml").read_text(encoding="utf-8")).get(section, {})
+
+
+@lru_cache(maxsize=None)
 def load_table(trainer: str) -> KeyTable:
     """The key table of ``trainer`` (axolotl | llamafactory | trl), validated."""
     path = KEYS_DIR / f"{trainer}.toml"

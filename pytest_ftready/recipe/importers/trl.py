@@ -230,6 +230,8 @@ def _data(b: Builder) -> None:
         if b.raw.get(key):
             b.caveat(key, "hub datasets (a mixture): the checks read local files only; set [data] train in "
                      "ftready.toml to a local copy of the rows")
+    if b.raw.get("dataset_mixer"):
+        _handbook_packing(b)
     if files:
         b.put(" + ".join(dict.fromkeys(sources)), "data", "train", [str(f) for f in files])
     text_field = b.raw.get("dataset_text_field") or "text"
@@ -259,6 +261,23 @@ def _data(b: Builder) -> None:
         b.tables.setdefault("data", {})["format"] = fmt
     b.tables.setdefault("data", {})["pipeline"] = "trl"  # the examples are TRL's own (trainers/trl.py)
     b.mapped.append(("(trl sft)", "[data] pipeline"))
+
+
+# alignment-handbook's scripts/run_sft.py while recipes named their data dataset_mixer (2023-11 to
+# 2025-07) built SFTTrainer(..., packing=True) whatever the config said.
+HANDBOOK_RUN_SFT = ("https://github.com/huggingface/alignment-handbook/blob/e911214761ee2432b77406558adba3c4ab5a4fe9/"
+                    "scripts/run_sft.py")
+
+
+def _handbook_packing(b: Builder) -> None:
+    """A dataset_mixer config is an alignment-handbook recipe of the era whose run_sft.py packed
+    every run: read as packed, with a note naming the script (a fork may differ)."""
+    written = b.raw.get("packing")
+    b.put("dataset_mixer (alignment-handbook's run_sft.py)", "data", "packing", True)
+    b.caveat("dataset_mixer", "an alignment-handbook recipe (dataset_mixer): the handbook's scripts/run_sft.py of "
+             f"that era passes packing=True to SFTTrainer{'' if written is None else f', over packing: {written}'} "
+             f"({HANDBOOK_RUN_SFT}), so the checks pack; if your script does not, set [data] packing = false in "
+             "ftready.toml", memory=True)
 
 
 def _entry_files(b: Builder, where: str, entry: dict) -> list[Path]:
