@@ -17,7 +17,6 @@ from typing import Any, Optional, Sequence
 
 from .recipe.schema import REQUIRED, SCHEMA, RecipeError
 
-from .recipe import load_recipe
 
 FILL_IN = "FILL IN"
 TRAIN_ON = {"prompt_completion": "completion", "text": "all"}  # layout -> the train_on its rows need
@@ -187,16 +186,57 @@ def _line(key: str, spec, value: Optional[tuple], mark: Optional[str]) -> str:
     return f"# {key} = {toml_value(spec.default)}   # {spec.doc}"
 
 
-def side_file(config: Path, license: str = "", rights: str = "") -> tuple[Path, str]:
+# What stands in for a key the side file must give while the config is read to find every such
+# key (never written): a commit-shaped revision, the config's own folder as the model, its own
+# file as the rows.
+STANDING_IN = {("model", "revision"): "0" * 40, ("model", "path"): ".", ("data", "train"): None}
+NEEDED = {("model", "revision"): ('revision = ""', "the hub commit (40 hex digits) of the model; or a local copy: "
+                                  'path = "path/to/model" (it replaces the hub id)'),
+          ("model", "path"): ('path = "path/to/your/copy"', "the config names a model folder that is not on this "
+                              "machine"),
+          ("data", "train"): ('train = ["path/to/train.jsonl"]', "a local copy of the rows (the config's data is "
+                              "not a local file)")}
+
+
+def read_for_side_file(config: Path, revision: str = "") -> tuple[Any, dict]:
+    """The config read as pytest --ftready would, with what its side file must give standing in:
+    (the recipe, {(table, key): the error that asked for it}). A config wrong in any other way
+    raises its RecipeError."""
+    from .recipe.importers import SideFileNeeded, load_config
+
+    standing_in: dict = {"model": {"revision": revision}} if revision else {}
+    needed: dict = {}
+    while True:
+        try:
+            return load_config(config, standing_in), needed
+        except SideFileNeeded as exc:
+            if exc.fixes in needed or (exc.fixes == ("model", "revision") and revision):
+                raise
+            needed[exc.fixes] = exc
+            table, key = exc.fixes
+            standing_in.setdefault(table, {})[key] = STANDING_IN[exc.fixes] or [str(config)]
+
+
+def side_file(config: Path, license: str = "", rights: str = "", revision: str = "") -> tuple[Path, str]:
     """(path, text) of ``<config stem>.ftready.toml`` for a trainer's config: what the config
-    cannot say (license, data rights, accepted licenses), marked where not given."""
-    recipe = load_recipe(config)  # RecipeError: the config itself is wrong, named with its key
-    facts = model_facts(Path(recipe.model.path)) if recipe.model.path else {}
+    cannot say (license, data rights, accepted licenses; a hub model's commit, local rows or a
+    model folder where the config names what is not on this machine), marked where not given."""
+    if config.suffix.lower() not in (".yaml", ".yml"):
+        raise RecipeError(config, "", "--from takes a TRL, Axolotl or LLaMA-Factory YAML config")
+    recipe, needed = read_for_side_file(config, revision)
+    local_model = recipe.model.path and ("model", "path") not in needed
+    facts = model_facts(Path(recipe.model.path)) if local_model else {}
     chosen = license or (facts.get("license") or ("", ""))[0]
+
+    def asked(table: str) -> list[str]:
+        return [f"# {NEEDED[fix][0]}   # {FILL_IN}: {NEEDED[fix][1]}" for fix in needed if fix[0] == table]
+
     lines = [f"# What {config.name} cannot say, read by pytest --ftready={config.name} (written by ftready-init).",
              "# The tables and keys of recipe.toml; these win over the translation key by key.", "", "[model]",
              f"license = {toml_value(chosen)}" + ("" if chosen else f"   # {FILL_IN}: the model's license, after reading its terms"),
+             *([f"revision = {toml_value(revision)}"] if revision else []), *asked("model"),
              "", "[data]", f"rights = {toml_value(rights)}" + ("" if rights else f"   # {FILL_IN}: why you may train on this data"),
+             *asked("data"),
              "", "[privacy]", f"licenses = {toml_value([chosen] if chosen else [])}"
              + ("" if chosen else f"   # {FILL_IN}: the model licenses you accept"), "", "[checks]"]
     lines += [f"# {key} = {toml_value(spec.default)}   # {spec.doc}" for key, spec in SCHEMA["checks"].items()]
@@ -210,7 +250,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--data", action="append", default=[], metavar="FILE", help="a training file (repeatable)")
     parser.add_argument("--from", dest="config", metavar="CONFIG",
                         help="a TRL / Axolotl / LLaMA-Factory config: write <stem>.ftready.toml beside it")
-    parser.add_argument("--revision", default="", help="the hub commit (with a hub id)")
+    parser.add_argument("--revision", default="", help="the hub commit (with a hub id; with --from, written to the side file)")
     parser.add_argument("--license", default="", help="the model's license, once you have read its terms")
     parser.add_argument("--rights", default="", help="why you may train on this data")
     parser.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE",
@@ -220,7 +260,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.config:
-            path, text = side_file(Path(args.config), args.license, args.rights)
+            path, text = side_file(Path(args.config), args.license, args.rights, args.revision)
         elif args.model and args.data:
             missing = [d for d in args.data if not Path(d).is_file()]
             if missing:

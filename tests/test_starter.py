@@ -58,6 +58,38 @@ def test_a_trainer_config_gets_its_side_file(tiny_example, tmp_path, monkeypatch
     assert recipe.data.rights == "ours" and list(recipe.privacy.licenses) == ["apache-2.0"]
 
 
+HUB_CONFIG = "model_name_or_path: org/some-model\ndataset_name: org/some-chats\nuse_peft: true\n"
+
+
+def test_a_config_naming_what_is_not_here_gets_a_side_file_asking_for_each_of_them(tiny_example, monkeypatch, capsys):
+    """A hub model without a commit and hub data (or a model folder of the author's): the side
+    file marks each key it must give, it is not runnable until they are written, and it is once they are."""
+    monkeypatch.chdir(tiny_example)
+    (tiny_example / "hub.yaml").write_text(HUB_CONFIG)
+    assert main(["--from", "hub.yaml"]) == 0
+    assert "wrote hub.ftready.toml: 5 value(s) marked FILL IN" in capsys.readouterr().out
+    side = (tiny_example / "hub.ftready.toml").read_text()
+    assert f'# revision = ""   # {FILL_IN}: the hub commit' in side
+    assert f'# train = ["path/to/train.jsonl"]   # {FILL_IN}: a local copy of the rows' in side
+    with pytest.raises(RecipeError) as info:  # nothing stood in for them in what was written
+        load_recipe(tiny_example / "hub.yaml")
+    assert info.value.where in ("[data] train", "[model] revision")
+    side = side.replace('# revision = ""', 'revision = "' + "a" * 40 + '"')
+    (tiny_example / "hub.ftready.toml").write_text(side.replace('# train = ["path/to/train.jsonl"]',
+                                                                'train = ["data/train.jsonl"]'))
+    recipe = load_recipe(tiny_example / "hub.yaml")
+    assert recipe.model.revision == "a" * 40 and [p.name for p in recipe.data.train] == ["train.jsonl"]
+
+    (tiny_example / "mine.yaml").write_text(HUB_CONFIG)
+    assert main(["--from", "mine.yaml", "--revision", "b" * 40]) == 0  # --revision is written
+    assert f'revision = "{"b" * 40}"' in (tiny_example / "mine.ftready.toml").read_text()
+
+    (tiny_example / "far.yaml").write_text(HUB_CONFIG.replace("org/some-model", "/workspace/models/llama-3-8b"))
+    assert main(["--from", "far.yaml"]) == 0
+    far = (tiny_example / "far.ftready.toml").read_text()
+    assert f'# path = "path/to/your/copy"   # {FILL_IN}: the config names a model folder' in far and "revision" not in far
+
+
 def test_a_mistyped_key_says_what_it_meant():
     with pytest.raises(ValueError, match="did you mean training.learning_rate"):
         parse_setting("training.learnin_rate=1")

@@ -15,10 +15,11 @@ TRL is installed, lazily, at import of a TRL config. Imports nothing outside ``r
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from ..schema import Recipe, RecipeError
 from . import axolotl, llamafactory, trl
-from .base import Builder, Translation, read_yaml
+from .base import Builder, SideFileNeeded, Translation, read_yaml
 
 IMPORTERS = {"trl": trl, "axolotl": axolotl, "llamafactory": llamafactory}
 # Keys only one trainer's config has: enough to tell the three apart.
@@ -45,8 +46,9 @@ def detect(raw: dict) -> str | None:
     return None
 
 
-def load_config(path: Path | str) -> Recipe:
-    """Read a trainer's YAML config as a validated Recipe (with ``origin`` set)."""
+def load_config(path: Path | str, standing_in: Optional[dict] = None) -> Recipe:
+    """Read a trainer's YAML config as a validated Recipe (with ``origin`` set); ``standing_in``:
+    side-file keys not yet written (``Builder.finish``)."""
     path = Path(path).resolve()
     raw = read_yaml(path)
     fmt = detect(raw)
@@ -61,7 +63,7 @@ def load_config(path: Path | str) -> Recipe:
     module = IMPORTERS[fmt]
     builder = Builder(path, raw, fmt, module.TITLE)
     module.translate(builder)
-    return builder.finish()
+    return builder.finish(standing_in)
 
 
-__all__ = ["Translation", "detect", "load_config"]
+__all__ = ["SideFileNeeded", "Translation", "detect", "load_config"]

@@ -109,6 +109,15 @@ class Translation:
         return out
 
 
+class SideFileNeeded(RecipeError):
+    """A config that names what is not on this machine (a hub model without a commit, hub data, a
+    model folder of its author's): the side file's ``fixes`` key ((table, key)) is the way out."""
+
+    def __init__(self, path: Path | str, where: str, message: str, fixes: tuple[str, str]) -> None:
+        super().__init__(path, where, message)
+        self.fixes = fixes
+
+
 class Builder:
     """Fills recipe tables from one config (``table.apply`` walks it): every top-level source key
     ends up translated, noted (a caveat, or listed as not checked) or refused: none is dropped
@@ -196,8 +205,14 @@ class Builder:
                            tuple(self.memory_notes), freeze(self.raw), tuple(self.runs.items()),
                            run.preprocessing if run else (), run.what if run else "", freeze(self.inputs))
 
-    def finish(self) -> Recipe:
-        """Apply the side TOML, validate through the recipe schema, attach the translation."""
+    def finish(self, standing_in: Optional[dict] = None) -> Recipe:
+        """Apply the side TOML, validate through the recipe schema, attach the translation.
+        ``standing_in`` ({table: {key: value}}) stands in for side-file keys not yet written
+        (ftready-init --from, finding every key a side file must give)."""
+        for table, values in (standing_in or {}).items():
+            self.tables.setdefault(table, {}).update(values)
+            if table == "model" and "path" in values:
+                self.tables["model"].pop("id", None)
         side = side_toml(self.path)
         overridden: list[str] = []
         if side is not None:
@@ -213,21 +228,23 @@ class Builder:
             self.every_linear.resolve(self)
         if not self.tables.get("data", {}).get("train"):
             notes = "; ".join(c for c in self.caveats if "local" in c or "left out" in c)
-            raise RecipeError(self.path, "[data] train", "no local training file in this config"
-                              + (f" ({notes})" if notes else "") + f"; the checks read local rows: write [data] "
-                              f"train = [\"path/to/train.jsonl\"] in {self.path.stem}.{SIDE_TOML} or {SIDE_TOML} "
-                              "beside it")
+            raise SideFileNeeded(self.path, "[data] train", "no local training file in this config"
+                                 + (f" ({notes})" if notes else "") + f"; the checks read local rows: write [data] "
+                                 f"train = [\"path/to/train.jsonl\"] in {self.path.stem}.{SIDE_TOML} or {SIDE_TOML} "
+                                 "beside it", ("data", "train"))
         origin = self.translation(str(side) if side else "", tuple(overridden))
         try:
             return validate_recipe(self.tables, self.path, origin=origin)
         except RecipeError as exc:
             message = exc.message
-            if exc.where == "[model] revision":  # a hub id: a local copy is the other way out
+            needed = exc.where == "[model] revision"  # a hub id: a local copy is the other way out
+            if needed:
                 message += f"; or check a local copy: [model] path = \"path/to/model\" in {SIDE_TOML} replaces the hub id"
             source = next((src for src, dst in reversed(self.mapped) if exc.where.startswith(dst)), None)
-            if source is None or source == exc.where:
-                raise RecipeError(self.path, exc.where, message) from None
-            raise RecipeError(self.path, f"{exc.where} (from {source})", message) from None
+            where = exc.where if source is None or source == exc.where else f"{exc.where} (from {source})"
+            if needed:
+                raise SideFileNeeded(self.path, where, message, ("model", "revision")) from None
+            raise RecipeError(self.path, where, message) from None
 
     def _model_here(self) -> None:
         """A model folder the config names by a path that is not on this machine, still the
@@ -236,10 +253,10 @@ class Builder:
             return
         key, name = self.absent_model
         if self.tables.get("model", {}).get("path") == name and not self.local_path(name).is_dir():
-            raise RecipeError(self.path, key, f"{name!r} is a local model folder that is not on this machine "
-                              f"(looked for {self.local_path(name)}); the side file's [model] path fixes it: write "
-                              f"[model] path = \"path/to/your/copy\" in {self.path.stem}.{SIDE_TOML} or {SIDE_TOML} "
-                              f"beside the config (it replaces {key})")
+            raise SideFileNeeded(self.path, key, f"{name!r} is a local model folder that is not on this machine "
+                                 f"(looked for {self.local_path(name)}); the side file's [model] path fixes it: write "
+                                 f"[model] path = \"path/to/your/copy\" in {self.path.stem}.{SIDE_TOML} or {SIDE_TOML} "
+                                 f"beside the config (it replaces {key})", ("model", "path"))
 
     def _override(self, side: Path, table: str, values: dict) -> list[str]:
         """The side file's keys of ``table`` win over the translation; each one that replaced a
