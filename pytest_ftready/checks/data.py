@@ -248,6 +248,36 @@ def data_packing(ctx) -> None:
                    "transformers >= 4.53 and no attention_mask), or set packing = false")
 
 
+# A trainer config's keys for its preprocessing processes (datasets.map num_proc): TRL's, LLaMA-Factory's, Axolotl's.
+PREPROCESSING_WORKERS = ("dataset_num_proc", "preprocessing_num_workers", "dataset_processes")
+
+
+def preprocessing_within_timeout(ctx, encode_rate: float) -> None:
+    """Rank 0 of a distributed run tokenizes the whole dataset while the other ranks wait at a
+    collective: past ``ddp_timeout`` their watchdog ends the job (LLaMA-Factory #2424, #2902).
+    The time is this machine's tokenize rate over every row's tokens, shared by the config's
+    preprocessing workers; measured for every recipe, judged for distributed ones."""
+    from .distributed import applies
+
+    recipe, digest = ctx.recipe, ctx.state.digest
+    tokens = sum(digest.full_lengths)
+    said = [recipe.origin.value(k) for k in PREPROCESSING_WORKERS] if recipe.origin is not None else []
+    workers = max([1, *(n for n in said if isinstance(n, int) and not isinstance(n, bool))])
+    seconds = tokens / encode_rate / workers if encode_rate and encode_rate != float("inf") else 0.0
+    ctx.measure("preprocessing_s", seconds, "s", estimate=True)
+    if applies(recipe) is not None:
+        return
+    timeout = recipe.training.ddp_timeout_s
+    ctx.measure("preprocessing_share_of_ddp_timeout", seconds / timeout, "share", estimate=True)
+    if seconds > timeout:
+        raise Fail(f"rank 0 tokenizes the {digest.encoded:,} rows ({tokens:,} tokens) in about {seconds:,.0f} s at this "
+                   f"machine's {encode_rate:,.0f} tokens/s ({workers} worker{'s' * (workers > 1)}), past the "
+                   f"{timeout:,.0f} s the other ranks wait ([training] ddp_timeout_s, the trainer's ddp_timeout): their "
+                   "watchdog ends the job before training starts. Tokenize ahead in one process and train from the "
+                   "saved dataset (datasets' save_to_disk; LLaMA-Factory's tokenized_path), run the preprocessing with "
+                   "more workers, or raise ddp_timeout above the preprocessing time")
+
+
 @check("data.loader", stage=STAGES["data.loader"], requires=("model.step_memory",))
 def data_loader(ctx) -> None:
     """The data pipeline delivers tokens faster than one training step consumes them."""
@@ -275,6 +305,7 @@ def data_loader(ctx) -> None:
     ctx.measure("tokenize_tokens_per_s", encode_rate, "tokens/s")
     ctx.measure("collate_tokens_per_s", collate_rate, "tokens/s")
     ctx.measure("step_tokens_per_s", step.tokens_per_s, "tokens/s")
+    preprocessing_within_timeout(ctx, encode_rate)
     if collate_rate < step.tokens_per_s:
         raise Fail(f"batching delivers {collate_rate:,.0f} tokens/s but a training step consumes "
                    f"{step.tokens_per_s:,.0f}: the accelerator waits on data; use more DataLoader workers "

@@ -132,6 +132,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "output_dir": _k("path", "runs", "where the run writes checkpoints and logs"),
         "save_steps": _k("int", 500, "optimizer steps between checkpoints", positive=True),
         "save_total_limit": _k("int", 3, "checkpoints kept", positive=True),
+        "ddp_timeout_s": _k("float", 1800.0, "seconds a rank of a distributed run waits at a collective before the "
+                            "process group's watchdog ends the job (transformers' ddp_timeout): rank 0's preprocessing "
+                            "must end within it (data.loader)", positive=True),
         "compile": _k("bool", False, "torch.compile the model (needs triton on GPUs)"),
         "tf32": _k("bool", False, "allow TF32 matmuls (Ampere and newer)"),
         "fp8": _k("bool", False, "FP8 matmuls (torchao / Transformer Engine; Ada, Hopper and newer)"),
