@@ -78,7 +78,7 @@ def precision_problem(name: str, row: dict, machine, device) -> str:
     return ""
 
 
-def _config_value(config: dict, key: str):
+def config_value(config: dict, key: str):
     """``key`` of config.json, or of its ``text_config`` (multimodal models such as Gemma 3 nest the text model)."""
     value = config.get(key)
     return value if value is not None else (config.get("text_config") or {}).get(key)
@@ -87,7 +87,7 @@ def _config_value(config: dict, key: str):
 def training_dtype(config: dict) -> str:
     """The dtype config.json says the weights were trained and saved in (``dtype`` in transformers 5,
     ``torch_dtype`` before); '' when it does not say."""
-    value = _config_value(config, "dtype") or _config_value(config, "torch_dtype") or ""
+    value = config_value(config, "dtype") or config_value(config, "torch_dtype") or ""
     return str(value).replace("torch.", "")
 
 
@@ -103,7 +103,7 @@ def fp16_overflow_row(config: dict) -> Optional[dict]:
     for row in load("compute")["fp16_overflow"]:
         if set(types) & set(row["model_types"]):
             return row
-        if any(isinstance(n := _config_value(config, key), int) and n > 1 for key in row["config_keys"]):
+        if any(isinstance(n := config_value(config, key), int) and n > 1 for key in row["config_keys"]):
             return row
     return None
 
