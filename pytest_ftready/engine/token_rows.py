@@ -56,6 +56,15 @@ def tensor_files(folder: Path) -> dict[str, str]:
     return out
 
 
+def vocabulary_rows(path: Path) -> dict[str, int]:
+    """Rows of each embedding or LM-head tensor in one safetensors file (a saved adapter's, say)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        return {name: handle.get_slice(name).get_shape()[0] for name in handle.keys()
+                if any(k in name for k in EMBEDDING_NAMES + HEAD_NAMES) and len(handle.get_slice(name).get_shape()) == 2}
+
+
 def _shape(folder: Path, file: str, name: str) -> list[int]:
     from safetensors import safe_open
 
