@@ -110,7 +110,7 @@ def _used_special_tokens(ctx) -> dict[int, tuple[str, set]]:
 def token_rows(ctx) -> None:
     """The embedding (and untied LM-head) rows of the chat tokens the template, the stop and the data use are trained."""
     from ..engine.loading import model_config
-    from ..engine.token_rows import HIGH, LOW, NoWeights, judge
+    from ..engine.token_rows import HEAD_NAMES, HIGH, LOW, NoWeights, judge
 
     recipe = ctx.recipe
     if recipe.model.gguf_file:
@@ -129,8 +129,10 @@ def token_rows(ctx) -> None:
         raise Skip(str(exc)) from None
     ctx.measure("token_rows_checked", rows.checked, "tokens")
     for name, (file, vocabulary, median) in rows.matrices.items():
-        ctx.measure(f"median_row_norm[{name}]", median, "")
-        ctx.measure(f"vocabulary_rows[{name}]", vocabulary, "rows")
+        role = "lm_head" if any(k in name for k in HEAD_NAMES) else "embedding"
+        ctx.measure(f"{role}_tensor", f"{name} ({file})", "")
+        ctx.measure(f"{role}_median_row_norm", median, "")
+        ctx.measure(f"{role}_vocabulary_rows", vocabulary, "rows")
     if not rows.bad:
         return
     files = ", ".join(sorted({f"{file} ({name}, median row norm {median:.3g})"

@@ -23,8 +23,9 @@ def edit_weights(model, change) -> None:
 
 
 def token_id(model, text: str) -> int:
-    return json.loads((model / "tokenizer.json").read_text())["model"]["vocab"].get(text) or next(
-        t["id"] for t in json.loads((model / "tokenizer.json").read_text())["added_tokens"] if t["content"] == text)
+    """The id of added token ``text`` in the model folder's tokenizer.json."""
+    added = json.loads((model / "tokenizer.json").read_text())["added_tokens"]
+    return next(t["id"] for t in added if t["content"] == text)
 
 
 def zeroed_chat_token(kit):
@@ -41,8 +42,9 @@ EMBED = "model.embed_tokens.weight"
 def test_the_tiny_model_passes_with_what_it_looked_at(make_state, run_check):
     got = values(run_check(make_state(), "checkpoint.token_rows"))
     assert got["chat_tokens"] == "<s>, <|im_end|>, <|im_start|>"
-    assert got["token_rows_checked"] == 3 and got[f"vocabulary_rows[{EMBED}]"] == 1000
-    assert got[f"median_row_norm[{EMBED}]"] > 0 and got["token_rows_data_rows"] == 50
+    assert got["token_rows_checked"] == 3 and got["embedding_vocabulary_rows"] == 1000
+    assert got["embedding_tensor"] == f"{EMBED} (model.safetensors)" and "lm_head_tensor" not in got  # tied
+    assert got["embedding_median_row_norm"] > 0 and got["token_rows_data_rows"] == 50
 
 
 def test_a_zeroed_end_of_turn_row_is_named_with_the_remedy(tiny_example, make_state, run_check):
@@ -77,8 +79,11 @@ def test_an_untied_head_row_is_read_too(tiny_example, make_state, run_check):
     edit_weights(model, untie)
     config = json.loads((model / "config.json").read_text()) | {"tie_word_embeddings": False}
     (model / "config.json").write_text(json.dumps(config))
-    message = fails(run_check, make_state(), "checkpoint.token_rows", "lm_head.weight: norm 0, a zero row")
+    state = make_state()
+    message = fails(run_check, state, "checkpoint.token_rows", "lm_head.weight: norm 0, a zero row")
     assert f"{EMBED}: norm" not in message
+    measured = {m.name: m.value for m in state.run.measurements if m.check == "checkpoint.token_rows"}
+    assert measured["lm_head_tensor"] == "lm_head.weight (model.safetensors)"
 
 
 def test_a_sharded_model_is_read_through_its_weight_map(tiny_example, make_state, run_check):
