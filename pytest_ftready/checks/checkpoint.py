@@ -3,7 +3,9 @@ and they fit on the disk that will hold them."""
 
 from __future__ import annotations
 
+from pathlib import Path
 
+from ..machine.compatibility import config_value
 from ..machine.hub import duplicates, needed_files, repo_cache_dir
 from ..recipe.schema import is_commit_hash
 from ..units import human_bytes
@@ -54,7 +56,7 @@ def files(ctx) -> None:
             raise Fail(f"the model folder {recipe.model.path} lacks {', '.join(absent)}, named by its weight index: "
                        "copy the missing shard(s) from where the model came from")
         return
-    snapshot = repo_cache_dir(recipe.model.id) / "snapshots" / found.sha
+    snapshot = _snapshot(recipe, found)
     if not snapshot.is_dir():
         raise Skip(f"not downloaded yet; fetch only what is needed: huggingface_hub.snapshot_download("
                    f"'{recipe.model.id}', revision='{found.sha}', allow_patterns={needed})")
@@ -62,6 +64,88 @@ def files(ctx) -> None:
     if missing:
         raise Fail(f"the cached snapshot {snapshot} lacks {', '.join(missing)}: run snapshot_download("
                    f"'{recipe.model.id}', revision='{found.sha}', allow_patterns={needed})")
+
+
+def _snapshot(recipe, found) -> Path:
+    return repo_cache_dir(recipe.model.id) / "snapshots" / found.sha
+
+
+# Where a token's untrained row hurts, by where it is used.
+USED_BY = {"template": "the chat template writes it", "stop": "training teaches it as the stop token",
+           "data": "the data holds it"}
+
+
+def _used_special_tokens(ctx) -> dict[int, tuple[str, set]]:
+    """id -> (text, {template, stop, data}): the special and added tokens the chat template writes
+    (a system/user/assistant conversation and the generation prompt), the stop tokens the labels
+    train, and those in the data's first rows as the recipe's pipeline encodes them."""
+    state = ctx.state
+    tokenizer = state.tokenizer
+    special = set(tokenizer.all_special_ids) | {int(i) for i in tokenizer.added_tokens_decoder}
+    used: dict[int, tuple[str, set]] = {}
+
+    def add(ids, where: str) -> None:
+        for token_id in set(ids) & special:
+            used.setdefault(token_id, (tokenizer.convert_ids_to_tokens(token_id), set()))[1].add(where)
+
+    add(state.stop_ids, "stop")
+    encoder = state.encoder
+    if ctx.recipe.data.format == "messages":
+        turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+        for messages in ([{"role": "system", "content": "Be brief"}, *turns], turns):
+            try:
+                text = encoder.render(messages) + encoder.render(messages[:-1], add_generation_prompt=True)
+            except Exception:  # a template that refuses a system turn (raise_exception): try without one
+                continue
+            add(tokenizer(text, add_special_tokens=encoder.add_special)["input_ids"], "template")
+            break
+    rows = state.rows.usable_rows
+    for encoded in (encoder.encode(row) for row in rows):
+        add(encoded.input_ids, "data")
+    ctx.measure("token_rows_data_rows", len(rows), "rows")
+    return used
+
+
+@check("checkpoint.token_rows", stage=STAGES["checkpoint"] + 3, requires=("checkpoint.files",))
+def token_rows(ctx) -> None:
+    """The embedding (and untied LM-head) rows of the chat tokens the template, the stop and the data use are trained."""
+    from ..engine.loading import model_config
+    from ..engine.token_rows import HEAD_NAMES, HIGH, LOW, NoWeights, judge
+
+    recipe = ctx.recipe
+    if recipe.model.gguf_file:
+        raise Skip(f"gguf_file = \"{recipe.model.gguf_file}\": the rows are read from safetensors weights only")
+    folder = Path(recipe.model.path) if recipe.model.path else _snapshot(recipe, ctx.state.model_files)
+    if not folder.is_dir():
+        raise Skip(f"{recipe.model.id} is not downloaded yet (checkpoint.files names what to fetch): its weights "
+                   "cannot be read")
+    used = _used_special_tokens(ctx)
+    ctx.measure("chat_tokens", ", ".join(text for text, _ in sorted(used.values())), "")
+    config = model_config(recipe)
+    try:
+        rows = judge(folder, {i: text for i, (text, _) in used.items()}, config_value(config, "vocab_size"),
+                     config_value(config, "tie_word_embeddings"))
+    except NoWeights as exc:
+        raise Skip(str(exc)) from None
+    ctx.measure("token_rows_checked", rows.checked, "tokens")
+    for name, (file, vocabulary, median) in rows.matrices.items():
+        role = "lm_head" if any(k in name for k in HEAD_NAMES) else "embedding"
+        ctx.measure(f"{role}_tensor", f"{name} ({file})", "")
+        ctx.measure(f"{role}_median_row_norm", median, "")
+        ctx.measure(f"{role}_vocabulary_rows", vocabulary, "rows")
+    if not rows.bad:
+        return
+    files = ", ".join(sorted({f"{file} ({name}, median row norm {median:.3g})"
+                              for name, (file, _, median) in rows.matrices.items()}))
+    named = "; ".join(f"{bad.token!r} (id {bad.token_id}, {bad.matrix}: norm {bad.norm:.3g}, {bad.why}; "
+                      f"{', '.join(text for w, text in USED_BY.items() if w in used[bad.token_id][1])})" for bad in rows.bad)
+    tokens = sorted({bad.token_id for bad in rows.bad})
+    raise Fail(f"{len(tokens)} of {rows.checked} chat token(s) have untrained rows in {files}, judged against the "
+               f"vocabulary (a row below {LOW:g} or above {HIGH:g} x the median norm): {named}. Untrained chat tokens "
+               "give NaN losses or a model that never stops (unsloth #658, axolotl #1666). Fix: initialise these rows "
+               "to the mean of the trained rows before training, train the embeddings (peft modules_to_save = "
+               "[\"embed_tokens\", \"lm_head\"] or trainable_token_indices; Axolotl's lora_modules_to_save), or "
+               "start from the instruct model, whose chat tokens are trained")
 
 
 @check("checkpoint.disk", stage=STAGES["checkpoint"] + 2)

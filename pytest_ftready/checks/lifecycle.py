@@ -24,7 +24,7 @@ def resume(ctx) -> None:
 
 @check("lifecycle.generate", stage=STAGES["lifecycle"] + 1, requires=("model.overfit",))
 def generate(ctx) -> None:
-    """The saved adapter and merged model generate exactly what the trained model generated, and stop."""
+    """The saved adapter (on a fresh original base) and the merged model generate what the trained model did, and stop."""
     from ..engine.generate import reloaded_outputs
 
     state = ctx.state
@@ -35,7 +35,7 @@ def generate(ctx) -> None:
     if not expected:
         raise Fail(f"the trained model generated nothing for {result.example_where}")
     outputs = reloaded_outputs(ctx.recipe, result.adapter_dir, result.prompt_ids, stops, tok.pad_token_id,
-                               ctx.torch_device(), state.scratch / "merged-model")
+                               ctx.torch_device(), state.scratch / "merged-model", trained_ids=expected)
     for name, ids in outputs.items():
         if ids != expected:
             raise Fail(f"the reloaded {name} generates {tok.decode(ids)!r} but the in-memory model generated "

@@ -8,8 +8,10 @@ from dataclasses import replace
 from typing import Optional
 
 from ..machine.compat import load, version_tuple
-from ..machine.compatibility import (best_torch_build, cuda_text, gpu_words, kernel_problem, parse_cc,
-                                    precision_problem, precisions, required_kernels, sdpa_backends)
+from ..machine.compat import source
+from ..machine.compatibility import (best_torch_build, cuda_text, fp16_overflow_row, gpu_words, kernel_problem,
+                                    model_types, parse_cc, precision_problem, precisions, required_kernels,
+                                    sdpa_backends, training_dtype)
 from ..machine.known_bugs import judge_all, needs_model_type, situation_of
 from ..outcomes import Fail, Skip
 from .registry import STAGES, check
@@ -110,7 +112,10 @@ def arch(ctx) -> None:
 
 @check("stack.precision", stage=STAGES["stack"] + 2)
 def precision(ctx) -> None:
-    """The recipe's dtype (and TF32 / FP8 if asked) is native on this device."""
+    """The recipe's dtype (and TF32 / FP8 if asked) is native on this device and safe for the model's family.
+
+    float16 on a model whose config.json says bfloat16 fails for families known to overflow it (the
+    compute facts' sourced fp16_overflow rows) and is measured as a risk for the others."""
     recipe, machine, device = ctx.recipe, ctx.machine, ctx.device
     if device.missing:
         raise Fail(device.missing)
@@ -128,6 +133,9 @@ def precision(ctx) -> None:
     cpu_bf16 = device.kind == "cpu" and recipe.model.dtype == "bfloat16"
     if cpu_bf16:
         ctx.measure("cpu_bf16_native", bool(set(rows["bfloat16"]["cpu_flags"]) & set(machine.host.cpu_flags)), "")
+    fp16 = _fp16_on_bf16_model(ctx, rows["bfloat16"])
+    if fp16:
+        problems.append(fp16)
     if problems:
         raise Fail("\n".join(problems))
     if cpu_bf16 and not machine.host.cpu_flags:
@@ -162,13 +170,49 @@ def kernels(ctx) -> None:
         raise Fail("\n".join(problems))
 
 
-def _model_type(recipe) -> Optional[str]:
+def _fp16_on_bf16_model(ctx, bfloat16_row: dict) -> str:
+    """'' unless the recipe trains in float16 a model config.json says was trained in bfloat16 and whose
+    family is known to overflow float16 (the compute facts' fp16_overflow rows); then why, and what to
+    write. Another family is measured (fp16_overflow_risk), not failed: float16 may hold its activations."""
+    recipe = ctx.recipe
+    config = _model_config(recipe)
+    if config is None:
+        ctx.measure("model_config_dtype", "unknown (config.json not reachable offline)", "")
+        return ""
+    trained = training_dtype(config)
+    ctx.measure("model_config_dtype", trained or "not stated", "")
+    if recipe.model.dtype != "float16" or trained != "bfloat16":
+        return ""
+    model_type = "/".join(model_types(config)) or "unknown"
+    row = fp16_overflow_row(config)
+    facts = load("compute")
+    if row is None:
+        ctx.measure("fp16_overflow_risk", f"model_type {model_type} was trained in bfloat16 and the recipe trains in "
+                    "float16: not a family known to overflow (no fp16_overflow row), but activations beyond 65504 "
+                    "turn into inf/NaN; model.overfit's losses show it, or train in bfloat16", "")
+        return ""
+    ctx.measure("fp16_overflow_family", row["family"], "")
+    bf16_problem = precision_problem("bfloat16", bfloat16_row, ctx.machine, ctx.device)
+    remedy = ('dtype = "bfloat16" (native on this device)' if not bf16_problem else
+              f'dtype = "float32" (bfloat16 is not native here: {bf16_problem})')
+    return (f"dtype = \"float16\" on model_type {model_type}, whose config.json says it was trained in bfloat16: "
+            f"{row['family']} models overflow float16 (largest finite value 65504) and the loss turns NaN within a few "
+            f"steps (source: {source(facts, row)}); use {remedy}")
+
+
+def _model_config(recipe) -> Optional[dict]:
+    """config.json read without loading weights; None offline without a cached config, or unreadable."""
     from ..engine.loading import model_config
 
     try:
-        return model_config(recipe).get("model_type")
+        return model_config(recipe)
     except Exception:  # offline without a cached config, or an unreadable one
         return None
+
+
+def _model_type(recipe) -> Optional[str]:
+    config = _model_config(recipe)
+    return None if config is None else config.get("model_type")
 
 
 @check("stack.mlx", stage=STAGES["stack"] + 4,

@@ -16,6 +16,50 @@ def greedy(model, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids, pad_
     return out[0, ids.shape[1]:].tolist()
 
 
+# What a team does to serve an adapter trained with added tokens (peft #2415, #1932, LLaMA-Factory #3154).
+RESIZED_REMEDY = ("keep embed_tokens and lm_head in the adapter's modules_to_save (or save_embedding_layers=True) so "
+                  "the new rows travel with it, ship the tokenizer beside it, and serve it on the base resized first "
+                  "(model.resize_token_embeddings({rows}) before PeftModel.from_pretrained)")
+
+
+def adapter_on_original_base(recipe, adapter_dir, used_ids, torch_device: str):
+    """The saved adapter loaded onto a fresh load of the original base from disk (never the in-memory
+    model a trainer may have resized), as a team serving it loads it. Fail, with the remedy, when the
+    adapter was trained on a resized vocabulary: its embedding rows do not fit the base (a size
+    mismatch), or the token ids the trained model used (``used_ids``) have no row in the base."""
+    from pathlib import Path
+
+    from peft import PeftModel
+
+    from ..outcomes import Fail
+    from .loading import load_model
+    from .token_rows import vocabulary_rows
+    from .trainable import peft_quiet
+
+    base = load_model(recipe, torch_device)
+    rows = base.get_input_embeddings().weight.shape[0]
+    saved = Path(adapter_dir) / "adapter_model.safetensors"
+    adapter_rows = max(vocabulary_rows(saved).values(), default=rows) if saved.is_file() else rows
+    where = recipe.model.path or recipe.model.id
+    if adapter_rows != rows:
+        raise Fail(f"the saved adapter does not load onto the original base {where}: its embedding rows number "
+                   f"{adapter_rows} ({saved.name}) but the base has {rows} (training resized the vocabulary for added "
+                   f"tokens; PeftModel.from_pretrained stops with 'size mismatch'): "
+                   + RESIZED_REMEDY.format(rows=adapter_rows))
+    beyond = sorted(i for i in set(used_ids) if i >= rows)
+    if beyond:
+        raise Fail(f"the trained model used token id(s) {beyond[:5]} but the original base {where} has {rows} "
+                   f"embedding rows and the saved adapter carries none: the vocabulary was resized during training "
+                   "and the added tokens' rows were not saved; " + RESIZED_REMEDY.format(rows=max(beyond) + 1))
+    try:
+        with peft_quiet():
+            return PeftModel.from_pretrained(base, str(adapter_dir))
+    except RuntimeError as exc:
+        if "size mismatch" not in str(exc):
+            raise
+        mismatch = next(line.strip() for line in str(exc).splitlines() if "size mismatch" in line)
+        raise Fail(f"the saved adapter does not load onto the original base {where}: {mismatch}; it was saved "
+                   "from a model of another shape: train and serve the adapter on the same base") from None
 
 
 def merge_and_save(peft_model, folder) -> None:
@@ -27,23 +71,21 @@ def merge_and_save(peft_model, folder) -> None:
 
 
 def reloaded_outputs(recipe, adapter_dir, prompt_ids, stop_ids, pad_id: int, torch_device: str, merged_dir,
-                     merge=None) -> dict[str, list[int]]:
-    """Greedy outputs of the saved artifact loaded afresh: the adapter on a fresh base and the
-    merged model (LoRA), or the saved full model."""
-    from peft import PeftModel
+                     merge=None, trained_ids=()) -> dict[str, list[int]]:
+    """Greedy outputs of the saved artifact loaded afresh: the adapter on a fresh load of the original
+    base (``adapter_on_original_base``: ``trained_ids``, what the trained model generated, must have
+    rows there too) and the merged model (LoRA), or the saved full model."""
     from transformers import AutoModelForCausalLM
 
     from ..outcomes import Fail
-    from .loading import load_model, torch_dtype
+    from .loading import torch_dtype
     from .memory import free_device_memory
-    from .trainable import peft_quiet
 
     merge = merge or merge_and_save
     n = recipe.checks.max_new_tokens
     outputs = {}
     if recipe.adapter.method == "lora":
-        with peft_quiet():
-            loaded = PeftModel.from_pretrained(load_model(recipe, torch_device), str(adapter_dir))
+        loaded = adapter_on_original_base(recipe, adapter_dir, [*prompt_ids, *trained_ids], torch_device)
         outputs["adapter"] = greedy(loaded, prompt_ids, n, stop_ids, pad_id, torch_device)
         try:
             merge(loaded, merged_dir)

@@ -78,6 +78,36 @@ def precision_problem(name: str, row: dict, machine, device) -> str:
     return ""
 
 
+def config_value(config: dict, key: str):
+    """``key`` of config.json, or of its ``text_config`` (multimodal models such as Gemma 3 nest the text model)."""
+    value = config.get(key)
+    return value if value is not None else (config.get("text_config") or {}).get(key)
+
+
+def training_dtype(config: dict) -> str:
+    """The dtype config.json says the weights were trained and saved in (``dtype`` in transformers 5,
+    ``torch_dtype`` before); '' when it does not say."""
+    value = config_value(config, "dtype") or config_value(config, "torch_dtype") or ""
+    return str(value).replace("torch.", "")
+
+
+def model_types(config: dict) -> list[str]:
+    """config.json's model_type and its text_config's (gemma3 holds gemma3_text)."""
+    return [t for t in (config.get("model_type"), (config.get("text_config") or {}).get("model_type")) if t]
+
+
+def fp16_overflow_row(config: dict) -> Optional[dict]:
+    """The compute facts' ``fp16_overflow`` row whose family this config belongs to (by model_type, or
+    a config key such as num_local_experts with more than one expert), or None."""
+    types = model_types(config)
+    for row in load("compute")["fp16_overflow"]:
+        if set(types) & set(row["model_types"]):
+            return row
+        if any(isinstance(n := config_value(config, key), int) and n > 1 for key in row["config_keys"]):
+            return row
+    return None
+
+
 def required_kernels(recipe) -> list[tuple[str, str]]:
     """(kernel row name, why) for each optional kernel the recipe implies."""
     out = []

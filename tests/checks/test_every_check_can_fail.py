@@ -18,6 +18,7 @@ from pytest_ftready.outcomes import Fail, Skip
 from tests import fakes, planted
 from tests.checks.test_checkpoint_headroom import hub_state  # noqa: F401 - a fixture the plants use
 from tests.checks.test_distributed import gpu_job
+from tests.checks.test_embedding_rows import zeroed_chat_token
 from tests.checks.test_sustained import gpu_state  # noqa: F401 - a fixture the plants use
 from tests.data.test_encoding import CHATML_EOS_OUTSIDE
 from tests.helpers import job_result, private_model
@@ -185,6 +186,7 @@ PLANTS: dict[str, tuple[Callable, str]] = {
                          "peft-checkpointing-frozen-inputs"),  # issue 31's check (peft < 0.4 with checkpointing)
     "checkpoint.revision": (lambda k: k.request.getfixturevalue("hub_state")(revision="main"), "is a branch or tag"),
     "checkpoint.files": (_index_names_a_missing_shard, "lacks model-00002-of-00002.safetensors"),
+    "checkpoint.token_rows": (zeroed_chat_token, "'<|im_end|>' (id 5, model.embed_tokens.weight: norm 0, a zero row"),
     "checkpoint.disk": (lambda k: k.request.getfixturevalue("hub_state")(free=10 ** 9), "needs more than the"),
     "data.format": (lambda k: k.rows(_bad_row), "rows are unusable"),
     "data.template": (lambda k: _template(k, "{{ raise_exception('this template renders no conversation') }}"),
