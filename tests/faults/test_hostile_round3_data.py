@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from tests import planted
+
 USER = {"role": "user", "content": "What does kalo do with the red?"}
 ANSWER = {"role": "assistant", "content": "Kalo paints the red."}
 GOOD = {"messages": [USER, ANSWER]}
@@ -83,3 +85,121 @@ def test_text_parts_alone_stay_usable(make_state, tiny_example, run_check):
     write_rows(tiny_example, chat(said("user", [{"type": "text", "text": "What does kalo do?"}]),
                                   said("assistant", [{"type": "text", "text": "Kalo "}, {"type": "text", "text": "paints."}])))
     run_check(make_state(), "data.format")
+
+
+# ---- 4 and 5: personal data and secrets wherever a template renders them ---------------------
+CARD_NUMBER = int(planted.CARD)  # a card number as a JSON integer: tojson renders it
+EMAIL, PHONE, IBAN = planted.PII["email"], planted.PII["phone"], planted.PII["iban"]
+GITHUB, OPENAI = planted.SECRETS["github_token"], planted.SECRETS["openai_key"]
+
+
+def call(name: str, arguments) -> dict:
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def tool_turn(*calls) -> dict:
+    return said("assistant", "", tool_calls=list(calls))
+
+
+def in_parts(*pieces: str) -> list:
+    return [{"type": "text", "text": piece} for piece in pieces]
+
+
+# (id, row, kind found, words of the field named)
+PII_CASES = [
+    ("tool-call-arguments-object", chat(USER, tool_turn(call("send_mail", {"to": EMAIL}))),
+     "email", "messages[1].tool_calls[0].function.arguments.to"),
+    ("tool-call-arguments-json-string", chat(USER, tool_turn(call("send_mail", json.dumps({"to": EMAIL})))),
+     "email", "messages[1].tool_calls[0].function.arguments"),
+    ("arguments-nested-deep", chat(USER, tool_turn(call("book", {"guest": {"contact": {"phones": [PHONE]}}}))),
+     "phone", "arguments.guest.contact.phones[0]"),
+    ("card-number-as-integer", chat(USER, tool_turn(call("charge", {"card": CARD_NUMBER, "amount": 12}))),
+     "payment_card", "arguments.card"),
+    ("email-as-argument-key", chat(USER, tool_turn(call("lookup", {EMAIL: True}))),
+     "email", "messages[1].tool_calls[0].function.arguments (key 1)"),
+    ("phone-under-an-email-key", chat(USER, tool_turn(call("lookup", {"id": 3, EMAIL: {"phone": PHONE}}))),
+     "phone", "messages[1].tool_calls[0].function.arguments.(key 2).phone"),
+    ("tool-name", chat(USER, tool_turn(call(f"mail_{EMAIL}", {}))), "email", "function.name"),
+    ("message-name", chat(said("user", "hi", name=EMAIL), ANSWER), "email", "messages[0].name"),
+    ("tool-result", chat(USER, tool_turn(call("whois", {})), said("tool", f"owner: {IBAN}"), ANSWER),
+     "iban", "messages[2].content"),
+    ("reasoning-content", chat(USER, said("assistant", "Done.", reasoning_content=f"mail {EMAIL} later")),
+     "email", "messages[1].reasoning_content"),
+    ("tool-schema-description", chat(USER, ANSWER, tools=[{"type": "function", "function": {
+        "name": "notify", "description": f"pages {PHONE}", "parameters": {}}}]), "phone", "tools[0].function.description"),
+    ("email-split-across-parts", chat(USER, said("assistant", in_parts(EMAIL[:8], EMAIL[8:]))),
+     "email", "messages[1].content (text parts joined)"),
+]
+
+
+@pytest.mark.parametrize("row, kind, field", [c[1:] for c in PII_CASES], ids=[c[0] for c in PII_CASES])
+def test_personal_data_in_any_rendered_field_fails_privacy_pii(make_state, tiny_example, fails, row, kind, field):
+    write_rows(tiny_example, row)
+    message = fails(make_state(), "privacy.pii")
+    assert "train.jsonl:5 " in message and field in message and kind in message
+    assert_never_shown(message)
+
+
+# (id, pieces of one message's text parts)
+SPLIT_SECRETS = [
+    ("github-token-over-two-parts", (GITHUB[:12], GITHUB[12:])),
+    ("openai-key-over-three-parts", (OPENAI[:10], OPENAI[10:30], OPENAI[30:])),
+    ("trigger-itself-split", (GITHUB[:2], GITHUB[2:])),  # not even "ghp_" lies in one part
+    ("assigned-password-over-parts", ("db_password = ", "Tr0ub4dor&3x", "K9!zQ")),
+]
+
+
+@pytest.mark.parametrize("pieces", [c[1] for c in SPLIT_SECRETS], ids=[c[0] for c in SPLIT_SECRETS])
+def test_a_secret_split_across_text_parts_fails_privacy_secrets(make_state, tiny_example, fails, pieces):
+    write_rows(tiny_example, chat(USER, said("assistant", in_parts("Here: ", *pieces, " ok"))))
+    message = fails(make_state(), "privacy.secrets")
+    assert "train.jsonl:5 messages[1].content (text parts joined)" in message
+    assert_never_shown(message)
+
+
+def test_a_secret_inside_one_part_is_reported_once(make_state, tiny_example, fails):
+    write_rows(tiny_example, chat(USER, said("assistant", in_parts("Here: ", GITHUB, " ok"))))
+    message = fails(make_state(), "privacy.secrets")
+    assert message.startswith("1 secret finding(s)") and "messages[1].content[1].text" in message
+
+
+def test_a_split_secret_is_found_in_worker_processes_too(tiny_example, tmp_path):
+    """The scan in parts (workers) finds what one process finds: the parts' joined text too."""
+    from pytest_ftready.data.audit import scan_files
+
+    write_rows(tiny_example, chat(USER, said("assistant", in_parts(GITHUB[:10], GITHUB[10:]))))
+    path = tiny_example / "data" / "train.jsonl"
+    one, _, _ = scan_files([path], frozenset({"secrets"}), workers=1)
+    many, _, _ = scan_files([path], frozenset({"secrets"}), workers=2, part_bytes=64)
+    assert [(f.line, f.field) for f in one] == [(f.line, f.field) for f in many] == \
+        [(5, "messages[1].content (text parts joined)")]
+
+
+PARTS_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}"
+                  "{{ m['content'] }}{% else %}{% for p in m['content'] %}{% if p['type'] == 'text' %}{{ p['text'] }}"
+                  "{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def parts_template(example) -> None:
+    """[data] chat_template: ChatML that renders text parts (joined as Qwen's and Llama's templates join them)."""
+    (example / "parts.jinja").write_text(PARTS_TEMPLATE)
+    recipe = example / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace("[data]\n", "[data]\nchat_template = \"parts.jinja\"\n", 1))
+
+
+def test_a_split_secret_is_redacted_in_the_masking_report(make_state, tiny_example, run_check):
+    parts_template(tiny_example)
+    (tiny_example / "data" / "train.jsonl").write_text(
+        json.dumps(chat(USER, said("assistant", in_parts("Here: ", GITHUB[:12], GITHUB[12:])))) + "\n")
+    state = make_state()
+    run_check(state, "data.masking")
+    assert GITHUB in state.run.gate.values()  # learnt from the row's joined parts: no output carries it
+    (report,) = state.artifacts.rglob("masking.html")
+    text = report.read_text()
+    assert "github_token redacted" in text and GITHUB[12:20] not in text
+
+
+def assert_never_shown(message: str) -> None:
+    for value in [EMAIL, PHONE, IBAN, str(CARD_NUMBER), GITHUB, OPENAI, "Tr0ub4dor&3xK9!zQ", EMAIL[8:]]:
+        assert value not in message
