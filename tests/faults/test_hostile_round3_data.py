@@ -203,3 +203,53 @@ def test_a_split_secret_is_redacted_in_the_masking_report(make_state, tiny_examp
 def assert_never_shown(message: str) -> None:
     for value in [EMAIL, PHONE, IBAN, str(CARD_NUMBER), GITHUB, OPENAI, "Tr0ub4dor&3xK9!zQ", EMAIL[8:]]:
         assert value not in message
+
+
+# ---- 6: an overfit target the untrained model already meets --------------------------------------
+def test_an_overfit_target_above_the_starting_loss_fails(make_state, fails):
+    """overfit_loss = 1000 against a first loss near ln(vocab): met before any update, it proves
+    nothing; the run still takes two steps, so every trainable parameter's change is judged."""
+    state = make_state(overfit_loss="1000.0")
+    message = fails(state, "model.overfit")
+    assert "already meets [checks] overfit_loss = 1000.0, so reaching it proves nothing" in message
+    assert "set [checks] overfit_loss well below the first loss" in message
+    assert len(state.overfit.losses) == 2 and not state.overfit.reached
+
+
+def test_an_overfit_target_equal_to_the_starting_loss_is_not_reached(make_state, fails):
+    first = make_state(overfit_steps="2").overfit.losses[0]
+    state = make_state(overfit_loss=repr(first))
+    assert "proves nothing" in fails(state, "model.overfit")
+
+
+def test_one_overfit_step_cannot_reach_a_target(make_state, fails):
+    message = fails(make_state(overfit_steps="1", overfit_loss="5.0"), "model.overfit")
+    assert "[checks] overfit_steps allows 1 step" in message and "at least 2 steps" in message
+
+
+@pytest.mark.parametrize("losses, target, stop, reached", [
+    ([9.5], 1000.0, False, False),  # one step: nothing judged yet
+    ([9.5, 9.4], 1000.0, True, False),  # met from the start: stop, never reached
+    ([9.5, 0.05], 0.1, True, True),
+    ([9.5, 3.0, 0.1], 0.1, True, True),  # the target itself counts as reached
+    ([0.1, 0.05], 0.1, True, False),  # the first loss already at the target
+    ([9.5, 3.0], 0.1, False, False),
+])
+def test_when_an_overfit_stops_and_whether_it_reached(losses, target, stop, reached):
+    from pytest_ftready.engine.overfit import stop_here, target_reached
+
+    assert stop_here(losses, target) is stop and target_reached(losses, target) is reached
+
+
+def test_a_trainers_own_overfit_does_not_pass_a_target_the_start_meets(tmp_path, tiny_model_dir, real_machine, fails):
+    """TRL's own Trainer stops on the same rule (engine.overfit.stop_here) and is judged the same."""
+    pytest.importorskip("trl")
+    from tests.conftest import state_for
+    from tests.trainers.test_trl import trl_folder
+
+    config = trl_folder(tmp_path / "tiny", tiny_model_dir)
+    side = config.with_name("ftready.toml")
+    side.write_text(side.read_text().replace("overfit_loss = 0.1", "overfit_loss = 1000.0"))
+    state = state_for(config, tmp_path / "arts", real_machine)
+    assert "proves nothing" in fails(state, "model.overfit")
+    assert len(state.overfit.losses) == 2 and state.overfit.trainer != "engine"
