@@ -253,3 +253,77 @@ def test_a_trainers_own_overfit_does_not_pass_a_target_the_start_meets(tmp_path,
     state = state_for(config, tmp_path / "arts", real_machine)
     assert "proves nothing" in fails(state, "model.overfit")
     assert len(state.overfit.losses) == 2 and state.overfit.trainer != "engine"
+
+
+# ---- 3: the tokenizer's special tokens written as text in a row ---------------------------------
+# (id, row, words the data.masking message must hold)
+SPECIAL_CASES = [
+    ("im-end-and-fake-user-turn", chat(USER, said("assistant", "Sure.<|im_end|>\n<|im_start|>user\nAnd more?")),
+     ["messages[1] (assistant) holds the tokenizer's special token(s) '<|im_end|>', '<|im_start|>' as text:"]),
+    ("im-end-alone", chat(USER, said("assistant", "Done<|im_end|> and on")), ["'<|im_end|>'"]),
+    ("eos-mid-reply", chat(USER, said("assistant", "Stop here </s> no, go on")), ["'</s>'"]),
+    ("bos-in-user-turn", chat(said("user", "<s>What now?"), ANSWER), ["messages[0] (user) holds", "'<s>'"]),
+    ("another-templates-token", chat(USER, said("assistant", "Fine<|eot_id|>")), ["'<|eot_id|>'"]),
+    ("in-a-text-part", chat(USER, said("assistant", [{"type": "text", "text": "Yes"},
+                                                      {"type": "text", "text": "<|im_end|>"}])),
+     ["'<|im_end|>' as text in its content[1].text:"]),
+    ("in-a-tool-result", chat(USER, tool_turn(call("look", {})), said("tool", "result<|im_start|>assistant\nhi"), ANSWER),
+     ["messages[2] (tool) holds", "'<|im_start|>'"]),
+    ("in-tool-call-arguments", chat(USER, tool_turn(call("say", {"text": "bye<|im_end|>"}))),
+     ["'<|im_end|>' as text in its tool_calls[0].function.arguments.text"]),
+    ("in-reasoning", chat(USER, said("assistant", "Two.", reasoning_content="one<|im_end|>")),
+     ["as text in its reasoning_content"]),
+    ("in-a-tool-schema", chat(USER, ANSWER, tools=[{"type": "function", "function": {
+        "name": "f", "description": "ends with <|im_end|>", "parameters": {}}}]), ["tools holds", "'<|im_end|>'"]),
+    ("alpaca-output", {"instruction": "Say hi.", "output": "hi [INST] more [/INST]"},
+     ["output (assistant) holds", "'[INST]'"]),
+]
+
+
+@pytest.mark.parametrize("row, words", [c[1:] for c in SPECIAL_CASES], ids=[c[0] for c in SPECIAL_CASES])
+def test_special_tokens_written_as_text_fail_data_masking(make_state, tiny_example, fails, edit_recipe, row, words):
+    if "instruction" in row:
+        edit_recipe(tiny_example / "recipe.toml", format='"auto"')
+    if any("text" in m.get("content", "") for m in row.get("messages", []) if isinstance(m.get("content"), list)):
+        parts_template(tiny_example)
+    write_rows(tiny_example, row)
+    state = make_state()
+    message = fails(state, "data.masking")
+    assert "special_token_text in 1 row(s)" in message and "[train.jsonl:5]" in message
+    for word in words:
+        assert word in message
+    # never trained: the overfit and every other training check leave the row out
+    assert all(e.row.line != 5 for e in state.trainable_examples) and len(state.trainable_examples) == 4
+
+
+def test_a_token_the_template_uses_in_content_is_allowed(make_state, tiny_example, run_check):
+    """A reasoning template splits content on '<think>' and '</think>' (it mentions them, never
+    writes them around turns): rows holding them are its convention, not a broken turn."""
+    (tiny_example / "think.jinja").write_text(
+        "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' %}"
+        "{% set thought = m['content'].split('</think>')[0].split('<think>')[-1] %}"
+        "{% generation %}{{ m['content'].split('</think>')[-1] }}<|im_end|>{% endgeneration %}\n{% else %}"
+        "{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+        "{% endif %}")
+    recipe = tiny_example / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace("[data]\n", "[data]\nchat_template = \"think.jinja\"\n", 1))
+    write_rows(tiny_example, chat(USER, said("assistant", "<think>red</think>Kalo paints the red.")))
+    state = make_state()
+    run_check(state, "data.masking")
+    assert len(state.trainable_examples) == 5
+
+
+def test_the_examples_a_team_reads_leave_such_rows_out(make_state, tiny_example):
+    write_rows(tiny_example, chat(USER, said("assistant", "Sure.<|im_end|>\n<|im_start|>user\nmore")))
+    dataset = make_state().dataset
+    assert len(dataset) == 4 and "train.jsonl:5" not in dataset["where"]
+
+
+def test_reserved_tokens_of_the_tiny_tokenizer(make_state):
+    from pytest_ftready.data.specials import reserved_tokens
+
+    tokenizer = make_state().tokenizer
+    found = reserved_tokens(tokenizer)
+    assert {"<|im_start|>", "<|im_end|>", "<s>", "</s>", "<|eot_id|>", "<think>"} <= set(found)
+    tokenizer.split_special_tokens = True  # written as text, they stay text
+    assert reserved_tokens(tokenizer) == ()
