@@ -59,6 +59,10 @@ def literal_specials(sample: Sample, tokens: tuple[str, ...]) -> list[str]:
     if not tokens:
         return []
     pattern = _pattern(tokens)
+    # one search of the whole row first (repr writes printable text as it is): most rows hold no token
+    whole = (sample.messages, sample.tools) if isinstance(sample, Chat) else (sample.prompt, sample.completion)
+    if _printable(tokens) and pattern.search(repr(whole)) is None:
+        return []
     if isinstance(sample, Chat):
         places = [(label, message.get("role"), message) for label, message in zip(sample.labels, sample.messages)]
         if sample.tools:
@@ -67,7 +71,7 @@ def literal_specials(sample: Sample, tokens: tuple[str, ...]) -> list[str]:
         places = [("prompt", None, sample.prompt), ("completion" if sample.prompt else "text", None, sample.completion)]
     problems = []
     for label, role, value in places:
-        fields, found = _found(pattern, iter_strings(value))
+        fields, found = _found(pattern, _strings(value))
         if found:
             where = f"{label} ({role})" if role else label
             inside = "" if fields[0] in ("value", "content") else f" in its {fields[0]}"
@@ -76,6 +80,22 @@ def literal_specials(sample: Sample, tokens: tuple[str, ...]) -> list[str]:
                             f"{inside}{more}: each tokenizes to the token itself, so the row teaches the model to end "
                             "turns or start new ones mid-message; remove or rewrite them in the data")
     return problems
+
+
+@functools.lru_cache(maxsize=8)
+def _printable(tokens: tuple[str, ...]) -> bool:
+    """Whether ``repr`` writes each token as it is (no quote, backslash or unprintable character)."""
+    return all(t.isprintable() and not set(t) & set("'\"\\") for t in tokens)
+
+
+def _strings(value) -> Iterable[tuple[str, str]]:
+    """(field, text) of what a template renders of ``value``: a plain message's own strings
+    directly (most rows), else ``iter_strings``."""
+    if isinstance(value, str):
+        return (("value", value),)
+    if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+        return value.items()
+    return iter_strings(value)
 
 
 def _found(pattern: re.Pattern, strings: Iterable[tuple[str, str]]) -> tuple[list[str], list[str]]:
