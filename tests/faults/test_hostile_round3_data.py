@@ -327,3 +327,33 @@ def test_reserved_tokens_of_the_tiny_tokenizer(make_state):
     assert {"<|im_start|>", "<|im_end|>", "<s>", "</s>", "<|eot_id|>", "<think>"} <= set(found)
     tokenizer.split_special_tokens = True  # written as text, they stay text
     assert reserved_tokens(tokenizer) == ()
+
+
+def test_rows_with_special_tokens_are_marked_the_same_in_worker_processes(make_state, tiny_example):
+    from dataclasses import replace as changed
+
+    from pytest_ftready.data.passes import run_pass
+
+    rows = [chat(USER, said("assistant", f"Turn {i}<|im_end|>" if i % 7 == 3 else f"Turn {i}.")) for i in range(60)]
+    write_rows(tiny_example, *rows)
+    state = make_state()
+    plan = changed(state.encoding_plan(), keep_first=0)
+    files = state.recipe.data.train
+    one = run_pass(files, plan, encoder=state.encoder, workers=1, chunk_bytes=2048)
+    two = run_pass(files, plan, encoder=state.encoder, workers=2, chunk_bytes=2048)
+    assert one.count("special_token_text") == two.count("special_token_text") == 9
+    assert one.trainable == two.trainable == 64 - 9 and one.fingerprint == two.fingerprint
+
+
+def test_a_trainers_own_pipeline_is_held_to_the_same_rule(tmp_path, tiny_model_dir, real_machine, fails):
+    """TRL's SFTTrainer makes the labels: the row is marked all the same (data.digest.marking)."""
+    pytest.importorskip("trl")
+    from tests.conftest import state_for
+    from tests.trainers.test_trl import trl_folder
+
+    config = trl_folder(tmp_path / "tiny", tiny_model_dir)
+    write_rows(tmp_path / "tiny", chat(USER, said("assistant", "Sure.<|im_end|>\n<|im_start|>user\nmore")))
+    state = state_for(config, tmp_path / "arts", real_machine)
+    message = fails(state, "data.masking")
+    assert "special_token_text in 1 row(s)" in message and "[train.jsonl:5]" in message
+    assert state.run_names()["pipeline"] != "engine"
