@@ -303,13 +303,13 @@ def redact(text: str) -> str:
 def iter_strings(value, path: str = "") -> Iterator[tuple[str, str]]:
     """(field path, text) for everything inside a JSON-like value that a chat template can render
     as text: every string (messages[1].content), every key (``tojson`` renders a tool call's
-    arguments whole: messages[1].tool_calls[0].function.arguments (key 1)), every number as JSON
-    writes it (a card number given as an integer). A key that is not a plain name is named by
+    arguments whole: messages[1].tool_calls[0].function.arguments (key 1)), every integer (a card
+    number given as a number). A key that is not a plain name is named by
     its place in paths, never written out."""
     if isinstance(value, str):
         yield path or "value", value
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        yield path or "value", json.dumps(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        yield path or "value", str(value)
     elif isinstance(value, dict):
         for i, (key, item) in enumerate(value.items()):
             if isinstance(key, str) and key not in _FIELD_NAMES:
