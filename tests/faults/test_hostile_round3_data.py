@@ -357,3 +357,24 @@ def test_a_trainers_own_pipeline_is_held_to_the_same_rule(tmp_path, tiny_model_d
     message = fails(state, "data.masking")
     assert "special_token_text in 1 row(s)" in message and "[train.jsonl:5]" in message
     assert state.run_names()["pipeline"] != "engine"
+
+
+def test_text_parts_that_join_into_nothing_secret_pass_privacy(make_state, tiny_example, run_check):
+    write_rows(tiny_example, chat(USER, said("assistant", in_parts("ghp_", "short", " and ", "sk-", "none"))))
+    state = make_state()
+    run_check(state, "privacy.secrets")
+    run_check(state, "privacy.pii")
+
+
+def test_a_card_number_as_an_integer_in_a_parquet_file_fails_privacy_pii(make_state, tiny_example, fails, edit_recipe):
+    """Tables are read whole (not line by line): the same fields, integers included."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    rows = [{"messages": json.dumps(GOOD["messages"]), "card": 0}] * 3 + [
+        {"messages": json.dumps(GOOD["messages"]), "card": CARD_NUMBER}]
+    pq.write_table(pa.Table.from_pylist(rows), tiny_example / "data" / "train.parquet")
+    edit_recipe(tiny_example / "recipe.toml", train='["data/train.parquet"]')
+    message = fails(make_state(), "privacy.pii")
+    assert "train.parquet:4 card: payment_card" in message
+    assert_never_shown(message)
