@@ -11,6 +11,7 @@ from ..data.layouts import CHAT_LAYOUTS
 from ..data.lengths import padding_waste
 from ..data.digest import LISTED, sorted_sample
 from ..data.redaction import row_values
+from ..data.specials import KIND as SPECIALS
 from ..data.token_view import token_view
 from ..outputs.report import masking_page
 from ..units import percentile
@@ -20,7 +21,7 @@ from .registry import STAGES, check
 TEMPLATE_KINDS = ("render_error", "prompt_not_prefix", "history_rewritten", "bos_doubled", "tool_calls_dropped",
                   "tools_dropped")
 MASKING_KINDS = ("markers_empty", "assistant_untrained", "wrong_role_trained", "stop_untrained", "no_supervised",
-                 "truncated_all")
+                 "truncated_all", SPECIALS)
 MAX_LISTED = LISTED
 LENGTHS_SHOWN = 20_000  # row lengths kept for the report's histogram (evenly through them, sorted)
 

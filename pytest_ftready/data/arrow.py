@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from .digest import Encode, Plan, digest_chunk
+from .digest import Encode, Plan, digest_chunk, marking
 from .rows import CHUNK_BYTES, chunks
 
 COLUMNS = ("input_ids", "attention_mask", "labels", "where")  # `where`: file:line of the row
@@ -34,7 +34,8 @@ def write_examples(files: Sequence, plan: Plan, encode: Encode, path: Path, chun
     written = 0
     schema = _schema()
     # keep (almost) no samples: the examples pass through memory one chunk at a time
-    bare = replace(plan, sample=0, keep_rows=0, keep_first=0, keep_longest=1)
+    bare = replace(plan, sample=0, keep_rows=0, keep_first=0, keep_longest=1, reserved=())
+    encode = marking(encode, plan.reserved)  # before _keep sees them: the trainable rule the checks use
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
         for chunk in chunks(files, chunk_bytes):
             batch: list = []

@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
-from .prefilter import candidate_lines
+from .prefilter import candidate_lines, may_hold
 from .rows import Row, chunks
-from .scan import Finding, active_kinds, iter_strings, scan_text
+from .scan import Finding, active_kinds, across_parts, iter_strings, joined_parts, scan_text
 
 Learn = Callable[[str, str], None]  # (value, kind): told each finding's value, e.g. the output gate
 
@@ -161,28 +161,52 @@ def scan_file(path: Path, categories: frozenset[str], learn: Optional[Learn] = N
 
 
 def _scan_line(file: str, suffix: str, number: int, line: str, categories, learn: Optional[Learn]) -> Iterator[Located]:
+    json_text = suffix in (".jsonl", ".ndjson", ".json")
+    # two text parts: their joined text may hold what no part does; a line that is a candidate for
+    # them alone is scanned in them alone
+    if json_text and line.count('"text"') > 1 and not may_hold(line):
+        value = _json(line)
+        if value is not None:
+            yield from _scan_joined(file, number, value, categories, learn)
+            return
     kinds = active_kinds(line)  # once per line: a superset for every field in it
     escaped = "\\u" in line  # \u0040 is an @ only once decoded: kinds from each decoded string
     if not kinds and not escaped:
         return
-    if suffix in (".jsonl", ".ndjson", ".json"):
-        try:
-            value = json.loads(line)
-        except ValueError:
-            value = None
-        if value is not None:
-            yield from _scan_value(file, number, value, categories, None if escaped else kinds, learn)
-            return
+    value = _json(line) if json_text else None
+    if value is not None:
+        yield from _scan_value(file, number, value, categories, None if escaped else kinds, learn)
+        return
     yield from _scan_value(file, number, line, categories, kinds, learn, field="text")
+
+
+def _json(line: str):
+    """The line's JSON value; None when it is not JSON."""
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
 
 
 def _scan_value(file: str, line: int, value, categories, kinds=None, learn: Optional[Learn] = None,
                 field: str = "") -> Iterator[Located]:
+    """Every field a template renders (``iter_strings``), and the text of each list of text parts
+    joined as the template joins them (``_scan_joined``)."""
     for path, text in iter_strings(value):
         for finding in scan_text(text, categories, kinds):
             if learn is not None:
                 learn(text[finding.start:finding.end], finding.kind)
             yield Located(file, line, field or path, finding)
+    yield from _scan_joined(file, line, value, categories, learn)
+
+
+def _scan_joined(file: str, line: int, value, categories, learn: Optional[Learn] = None) -> Iterator[Located]:
+    """What lies across the parts of each list of text parts, in their joined text (``across_parts``)."""
+    for path, text, cuts in joined_parts(value):
+        for finding in (across_parts(text, cuts, categories) if may_hold(text) else ()):
+            if learn is not None:
+                learn(text[finding.start:finding.end], finding.kind)
+            yield Located(file, line, path, finding)
 
 
 def _starts_with(path: Path, prefix: bytes) -> bool:

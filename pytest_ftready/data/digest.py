@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Optional, Sequence
 
 from .layouts import read_sample
+from .specials import KIND as SPECIALS, literal_specials
 from .rows import Chunk, RowProblem
 
 FINGERPRINT_MOD = 2**64
@@ -42,6 +43,7 @@ class Plan:
     keep_rows: int = 256  # usable rows kept (data.loader times the encoding on them)
     keep_first: int = 256  # trainable examples kept from the start (overfit, resume, sustained)
     keep_longest: int = 8  # the longest trainable examples kept (the worst-case batch)
+    reserved: tuple = ()  # special tokens an encoded row must not hold as text (data.specials.reserved_tokens)
 
     def narrowed(self, done: "DataDigest") -> "Plan":
         """The plan for a chunk after ``done``: samples that ``done`` already filled need not be
@@ -268,9 +270,26 @@ def _digest_chunk(chunk: Chunk, plan: Plan, encode: Encode) -> DataDigest:
         if len(digest.usable_rows) < plan.keep_rows:
             digest.usable_rows.append(item)
     if encode is not None and usable:
-        for e in encode(usable):
+        for e in marking(encode, plan.reserved)(usable):
             digest.add_encoded(e)
     return digest
+
+
+def marking(encode: Encode, reserved: tuple) -> Encode:
+    """``encode`` (any pipeline's), with each row that holds one of the ``reserved`` special
+    tokens as text given a blocking problem naming the message and the token (data.specials):
+    whatever made its labels, such a row is never trained."""
+    if encode is None or not reserved:
+        return encode
+
+    def marked(pairs: list) -> list:
+        samples = {row.where: sample for row, sample in pairs}
+        out = []
+        for e in encode(pairs):
+            found = literal_specials(samples[e.row.where], reserved) if e.row.where in samples else []
+            out.append(replace(e, problems=e.problems + tuple((SPECIALS, detail) for detail in found)) if found else e)
+        return out
+    return marked
 
 
 def sorted_sample(values: Sequence[int], most: int) -> list[int]:

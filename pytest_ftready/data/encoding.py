@@ -28,11 +28,12 @@ from .redaction import redact_pieces, row_values
 from .rendering import Renderer, generation_runs
 from .rows import Row
 from .skeleton import Splicer, opaque
+from .specials import KIND as SPECIALS
 from .tiling import ASCII, UTF8, columns, holder, widths
 from .verify import IGNORE_INDEX, dropped_tools, runs, sequence_problems, verify_turns
 
 # Problems that make a row unusable for training (the engine leaves such rows out).
-BLOCKING = frozenset({"render_error", "markers_empty", "truncated_all", "no_supervised"})
+BLOCKING = frozenset({"render_error", "markers_empty", "truncated_all", "no_supervised", SPECIALS})
 CHAT_METHODS = ("generation-markers", "prefix-diff")  # Encoded.method of rows rendered through the chat template
 MARKERS = re.compile(r"\{%-?\s*generation\s*-?%\}")
 BATCH_ROWS = 256  # spliced chat rows tokenized in one call (each row's offsets are Python objects until labelled)

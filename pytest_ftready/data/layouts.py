@@ -87,6 +87,7 @@ def read_sample(row: Row, fmt: str, train_on: str, roles: Optional[Mapping[str, 
         return None, ["no known layout: expected 'messages', 'conversations', 'prompt' + 'completion', "
                       f"'instruction' + 'output' or 'text' (fields found: {keys})"]
     sample, problems = READERS[layout](data, train_on, dict(roles or {}))
+    problems = _media_problem(data) + problems
     if problems and fmt != "auto" and found not in (None, fmt):
         problems.append(f"this row looks like format = \"{found}\": set [data] format = \"{found}\" or \"auto\"")
     return (None if problems else sample), problems
@@ -107,6 +108,47 @@ def _content_ok(content: Any) -> bool:
     if isinstance(content, list):
         return bool(content) and all(isinstance(p, dict) and "type" in p for p in content)
     return _nonempty_str(content)
+
+
+TEXT_PART = "text"  # the part type chat templates render as text ({"type": "text", "text": ...})
+# Row columns that hold media beside the messages (LLaMA-Factory, TRL, Axolotl's multimodal rows).
+MEDIA_COLUMNS = ("images", "image", "videos", "video", "audios", "audio")
+MULTIMODAL_FIX = ("the checks and the text-only fine-tune read text only: drop those parts (or rows), or fine-tune "
+                  "them with a multimodal pipeline")
+
+
+def text_parts(content: Any) -> Optional[list[str]]:
+    """The texts of a list of content parts, in order, as a chat template joins them; None when
+    ``content`` is not a list of parts."""
+    if not isinstance(content, list):
+        return None
+    return [p["text"] for p in content if isinstance(p, dict) and p.get("type") == TEXT_PART
+            and isinstance(p.get("text"), str)]
+
+
+def _parts_problem(content: list, label: str, role: Any) -> Optional[str]:
+    """What a list of typed parts holds that a text-only fine-tune cannot train: parts that are
+    not text (images, audio, ...; named by type), a text part without its text, or no text at all."""
+    others = sorted({str(p["type"]) for p in content if p["type"] != TEXT_PART})
+    texts = [p for p in content if p["type"] == TEXT_PART]
+    textless = [i for i, p in enumerate(content) if p["type"] == TEXT_PART and not isinstance(p.get("text"), str)]
+    if textless:
+        return f"{label}.content[{textless[0]}] is a text part without a 'text' string"
+    if others and not any(p["text"].strip() for p in texts):
+        return (f"{label} ({role}) has no text part, only {', '.join(others)} part(s): the turn would train nothing; "
+                + MULTIMODAL_FIX)
+    if others:
+        return f"{label} ({role}) is multimodal: it holds {', '.join(others)} part(s) beside its text; " + MULTIMODAL_FIX
+    if not any(p["text"].strip() for p in texts):
+        return f"{label} ({role}) has empty content (its text parts hold no text)"
+    return None
+
+
+def _media_problem(data: dict) -> list[str]:
+    """A row whose media columns hold something is multimodal: its text alone is not the example."""
+    held = [key for key in MEDIA_COLUMNS if data.get(key) not in (None, "", [], {})]
+    return [f"the row is multimodal: its {', '.join(repr(k) for k in held)} column(s) hold media beside the text; "
+            + MULTIMODAL_FIX] if held else []
 
 
 @dataclass(frozen=True)
@@ -221,6 +263,8 @@ def _message_turns(items: Any, field: str, problems: list[str], role_of=None) ->
         if not (tool_call or _content_ok(content)):
             problems.append(f"{label} ({role}) has empty content (a string, or a list of "
                             "{\"type\": \"text\", \"text\": ...} parts)")
+        elif _content_ok(content) and isinstance(content, list) and (found := _parts_problem(content, label, role)):
+            problems.append(found)
         turns.append(_Turn(out, label, *_flag(message, label, problems)))
     return turns
 

@@ -1,7 +1,8 @@
 """Which lines of a file can hold a secret or personal datum, found over the raw bytes by one
 multi-pattern pass; only those lines are decoded, parsed and validated (scan.py).
 
-Each pattern here is a loose superset of its kind in scan.py, written for the bytes as they lie
+Each pattern here is a loose superset of its kind in scan.py (and a line of two or more text
+parts is always one: their joined text may hold what no part does), written for the bytes as they lie
 in a JSONL file: no word boundaries or look-arounds, JSON escapes allowed where a kind allows
 whitespace or quotes. Where bytes may stand for something else after decoding, the line is
 always a candidate: any ``\\u`` escape, any non-ASCII digit (Python's ``\\d`` takes them) and the
@@ -45,6 +46,8 @@ LOOSE = [  # (kind, pattern over bytes, case-insensitive)
                     rf"|{_D}{{4}} {_D}{{4}} {_D}{{4}}|{_D}{{11}}", False),
     ("phone", rf"\+{_D}(?:[ .()-]{{0,3}}{_D}){{7}}|\({_D}{{3}}\) ?{_D}{{3}}-{_D}{{4}}", False),
     ("ip_address", rf"{_D}{{1,3}}\.{_D}{{1,3}}\.{_D}{{1,3}}\.{_D}|{_H}{{1,4}}:{_H}{{1,4}}:{_H}{{0,4}}:", False),
+    # two text parts on a line: a value split across them is only whole once they are joined (scan.joined_parts)
+    ("text_parts", r'"text" *: *"[^\n]*"text" *: *"', False),
 ]
 
 
@@ -58,17 +61,22 @@ def _always() -> str:
     return r"\\u|" + "|".join(re.escape(b).decode("latin-1") for b in literals)
 
 
-def _patterns() -> list[tuple[str, bytes, bool]]:
-    return [(kind, p.encode("latin-1"), ci) for kind, p, ci in LOOSE] + [("always", _always().encode("latin-1"), False)]
+PARTS = "text_parts"
+
+
+def _patterns(parts: bool = True) -> list[tuple[str, bytes, bool]]:
+    """The loose patterns as bytes; ``parts``: with the one that makes every line of text parts a candidate."""
+    return ([(kind, p.encode("latin-1"), ci) for kind, p, ci in LOOSE if parts or kind != PARTS]
+            + [("always", _always().encode("latin-1"), False)])
 
 
 Finder = Callable[[bytes], list]  # buffer -> sorted offsets inside candidate lines
 
 
-def _hyperscan() -> Finder:
+def _hyperscan(parts: bool = True) -> Finder:
     import hyperscan
 
-    patterns = _patterns()
+    patterns = _patterns(parts)
     db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
     db.compile(expressions=[p for _, p, _ in patterns], ids=list(range(len(patterns))), elements=len(patterns),
                flags=[(hyperscan.HS_FLAG_CASELESS if ci else 0) for _, _, ci in patterns])
@@ -81,10 +89,10 @@ def _hyperscan() -> Finder:
     return find
 
 
-def _re2() -> Finder:
+def _re2(parts: bool = True) -> Finder:
     import re2
 
-    combined = re2.compile(b"|".join((b"(?i:%s)" if ci else b"(?:%s)") % p for _, p, ci in _patterns()))
+    combined = re2.compile(b"|".join((b"(?i:%s)" if ci else b"(?:%s)") % p for _, p, ci in _patterns(parts)))
 
     def find(buf: bytes) -> list:
         ends, pos = [], 0
@@ -98,10 +106,10 @@ def _re2() -> Finder:
     return find
 
 
-def _python() -> Finder:
+def _python(parts: bool = True) -> Finder:
     """Python's backtracking ``re`` is slow on one big alternation: each pattern on its own
     (most start with a literal, which it searches fast), any non-ASCII byte a candidate."""
-    patterns = [re.compile(p, re.I if ci else 0) for _, p, ci in _patterns()[:-1]]
+    patterns = [re.compile(p, re.I if ci else 0) for _, p, ci in _patterns(parts)[:-1]]
     patterns.append(re.compile(rb"\\u|[\x80-\xff]"))
 
     def find(buf: bytes) -> list:
@@ -110,14 +118,21 @@ def _python() -> Finder:
 
 
 @functools.lru_cache(maxsize=None)
-def engine() -> tuple[str, Finder]:
-    """(name, finder) of the fastest engine installed; compiled once, on first use."""
+def engine(parts: bool = True) -> tuple[str, Finder]:
+    """(name, finder) of the fastest engine installed; compiled once, on first use. ``parts``
+    False: without the pattern for lines of text parts (``may_hold``)."""
     for name, make in (("re2", _re2), ("hyperscan", _hyperscan)):
         try:
-            return name, make()
+            return name, make(parts)
         except ImportError:
             pass
-    return "re", _python()
+    return "re", _python(parts)
+
+
+def may_hold(text: str) -> bool:
+    """Whether ``text`` (one line, or the joined text of its parts) may hold a finding: a line
+    found a candidate only for its text parts is then scanned in those alone."""
+    return bool(engine(parts=False)[1](text.encode("utf-8", "replace")))
 
 
 CHUNK = 8 << 20

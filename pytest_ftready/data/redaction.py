@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Iterable, Mapping
 
-from .scan import iter_strings, scan_text
+from .scan import iter_strings, joined_parts, scan_text
 
 MIN_EDGE_CHARS = 2  # a shorter cut-off fragment of a value tells nothing
 
@@ -36,9 +36,11 @@ def finding_values(text: str) -> dict[str, str]:
 
 
 def row_values(data) -> dict[str, str]:
-    """value -> kind for every finding in every string of a row (a JSON-like value)."""
+    """value -> kind for every finding in every field of a row (a JSON-like value) a template renders,
+    and in its text parts joined."""
     values: dict[str, str] = {}
-    for _, text in iter_strings(data):
+    texts = [text for _, text in iter_strings(data)] + [text for _, text, _ in joined_parts(data)]
+    for text in texts:
         for value, kind in finding_values(text).items():
             values[value] = values[bare_secret(kind, value)] = kind
     return values

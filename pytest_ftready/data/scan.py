@@ -301,15 +301,69 @@ def redact(text: str) -> str:
 
 
 def iter_strings(value, path: str = "") -> Iterator[tuple[str, str]]:
-    """(field path, string) for every string inside a JSON-like value: messages[1].content."""
+    """(field path, text) for everything inside a JSON-like value that a chat template can render
+    as text: every string (messages[1].content), every key (``tojson`` renders a tool call's
+    arguments whole: messages[1].tool_calls[0].function.arguments (key 1)), every integer (a card
+    number given as a number). A key that is not a plain name is named by
+    its place in paths, never written out."""
     if isinstance(value, str):
         yield path or "value", value
+    elif isinstance(value, int) and not isinstance(value, bool):
+        yield path or "value", str(value)
     elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from iter_strings(item, f"{path}.{key}" if path else str(key))
+        for i, (key, item) in enumerate(value.items()):
+            if isinstance(key, str) and key not in _FIELD_NAMES:
+                yield f"{path or 'value'} (key {i + 1})", key
+            yield from iter_strings(item, _child(path, key, i))
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
             yield from iter_strings(item, f"{path}[{i}]")
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
+
+
+def _child(path: str, key, i: int) -> str:
+    """The path of a dict's item: by its key where the key is a plain name, else by its place
+    (a path is printed, and a key may itself be personal data)."""
+    plain = key in _FIELD_NAMES or (isinstance(key, str) and _NAME.fullmatch(key) and next(scan_text(key), None) is None)
+    name = key if plain else f"(key {i + 1})"
+    return f"{path}.{name}" if path else name
+
+
+# Keys every row of a layout has: no finding can hide in them, so they are not scanned row by row.
+_FIELD_NAMES = frozenset({"messages", "conversations", "role", "content", "from", "value", "type", "text", "tool_calls",
+                          "function", "name", "arguments", "id", "tools", "prompt", "completion", "instruction",
+                          "input", "output", "system", "history", "reasoning_content", "tool_call_id"})
+
+
+def joined_parts(value, path: str = "") -> Iterator[tuple[str, str, tuple[int, ...]]]:
+    """(field path, joined text, where the parts meet) for every list of two or more text parts
+    (``[{"type": "text", "text": ...}, ...]``) inside a JSON-like value: the text a chat template
+    renders from them, so that a value split across parts is seen whole."""
+    if isinstance(value, dict):
+        for i, (key, item) in enumerate(value.items()):
+            yield from joined_parts(item, _child(path, key, i))
+    elif isinstance(value, (list, tuple)):
+        texts = [p["text"] for p in value if isinstance(p, dict) and p.get("type") == "text"
+                 and isinstance(p.get("text"), str)]
+        if len(texts) > 1:
+            cuts, at = [], 0
+            for text in texts[:-1]:
+                at += len(text)
+                cuts.append(at)
+            yield f"{path} (text parts joined)", "".join(texts), tuple(cuts)
+        for i, item in enumerate(value):
+            yield from joined_parts(item, f"{path}[{i}]")
+
+
+def across_parts(text: str, cuts: tuple[int, ...], categories: frozenset[str] = frozenset({"secrets", "pii"})
+                 ) -> Iterator[Finding]:
+    """The findings of a ``joined_parts`` text that cross a place where two parts meet (those
+    inside one part are found in the part itself)."""
+    for finding in scan_text(text, categories):
+        if any(finding.start < cut < finding.end for cut in cuts):
+            yield finding
 
 
 def load_allowlist(path: Optional[str]) -> frozenset[str]:

@@ -29,6 +29,24 @@ class OverfitResult:
     trainer: str = ""  # whose overfit this is (a trainer's step_trainer)
 
 
+# Steps an overfit takes at least: the first loss is the model's before any update, and after one
+# step LoRA's A has had no gradient yet (B starts at 0), so "every trainable parameter changed" is
+# judged from the second step on.
+MIN_STEPS = 2
+
+
+def stop_here(losses: Sequence[float], target: float) -> bool:
+    """Whether an overfit may stop after ``losses``: the target met, and at least MIN_STEPS taken
+    (so that the parameters' changes are judged, even where the start already meets the target)."""
+    return len(losses) >= MIN_STEPS and losses[-1] <= target
+
+
+def target_reached(losses: Sequence[float], target: float) -> bool:
+    """The loss fell from above ``target`` to at or below it: a target the first loss (the
+    untrained model's) already meets proves nothing, so it is never reached."""
+    return len(losses) >= MIN_STEPS and losses[0] > target >= losses[-1]
+
+
 def overfit(recipe, examples: Sequence, pad_id: int, torch_device: str, shared_base: Callable[[], Any], *,
             prompt_ids: list, stop_ids, save_to: Path, example_where: str,
             progress: Optional[Callable[[str], None]] = None) -> OverfitResult:
@@ -52,7 +70,7 @@ def overfit(recipe, examples: Sequence, pad_id: int, torch_device: str, shared_b
             if progress:
                 progress(f"model.overfit step {step}/{checks.overfit_steps}, loss {loss:.4f} "
                          f"(target {checks.overfit_loss})")
-            if loss <= checks.overfit_loss:
+            if stop_here(losses, checks.overfit_loss):
                 break
         return judged(model, recipe, losses, frozen_before, trained_before, prompt_ids=prompt_ids,
                       stop_ids=stop_ids, pad_id=pad_id, torch_device=torch_device, save_to=save_to,
@@ -83,7 +101,7 @@ def judged(model, recipe, losses: list, frozen_before: dict, trained_before: dic
     answer = greedy(model, prompt_ids, checks.max_new_tokens, stop_ids, pad_id, torch_device)
     model.save_pretrained(ensure_private_dir(save_to))
     make_private(save_to)
-    return OverfitResult(losses, losses[-1] <= checks.overfit_loss, save_to, list(prompt_ids), answer, example_where,
+    return OverfitResult(losses, target_reached(losses, checks.overfit_loss), save_to, list(prompt_ids), answer, example_where,
                          checks.overfit_loss, recipe.training.learning_rate)
 
 
@@ -116,6 +134,14 @@ def diagnose(losses: Sequence[float], target: float, learning_rate: float) -> st
     template or optimizer), still falling (more steps), or falling then stuck (capacity/LR)."""
     first, last = losses[0], losses[-1]
     n = len(losses)
+    if first <= target:
+        return (f"the first loss {first:.3f} (the model before any update) already meets [checks] overfit_loss = "
+                f"{target}, so reaching it proves nothing: set [checks] overfit_loss well below the first loss "
+                f"(the default is 0.1)")
+    if n < MIN_STEPS:
+        return (f"[checks] overfit_steps allows {n} step: the first loss is the untrained model's, so at least "
+                f"{MIN_STEPS} steps are needed to see it fall and every trainable parameter change; set "
+                f"[checks] overfit_steps = 200 (the default)")
     fall = (first - last) / first if first > 0 else 0.0
     if fall < 0.10:
         return (f"the loss did not fall ({first:.3f} -> {last:.3f} in {n} steps): labels, template or optimizer "

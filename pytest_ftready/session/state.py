@@ -258,6 +258,14 @@ class RecipeState:
                     keep_first=max(256, c.overfit_examples, per_step * t.gradient_accumulation_steps * (c.resume_steps + 2)),
                     keep_longest=max(8, per_step))
 
+    def encoding_plan(self):
+        """``data_plan`` for a pass that encodes: rows holding the tokenizer's special tokens as text are marked."""
+        from dataclasses import replace
+
+        from ..data.specials import reserved_tokens
+
+        return replace(self.data_plan(), reserved=reserved_tokens(self.tokenizer))
+
     @fact
     def rows(self):
         """Every row of every training file read and shaped, no tokenizer needed
@@ -279,7 +287,8 @@ class RecipeState:
         travels = not encoding or "encoder" in options
         workers = workers_for(self.run.data_workers, files, encoding) if travels else 1
         try:
-            return run_pass(files, self.data_plan(), workers=workers, progress=self.progress, **options)
+            plan = self.encoding_plan() if encoding else self.data_plan()
+            return run_pass(files, plan, workers=workers, progress=self.progress, **options)
         except PassFailed as exc:
             raise Fail(str(exc)) from None
 
@@ -305,7 +314,7 @@ class RecipeState:
         path = self.scratch / "dataset.arrow"
         self.progress("writing the training examples for ftready_dataset", force=True)
         try:
-            write_examples(self.recipe.data.train, self.data_plan(), path=path, **self._encoding())
+            write_examples(self.recipe.data.train, self.encoding_plan(), path=path, **self._encoding())
         except ValueError as exc:  # the pipeline cannot make examples (as in the data pass)
             raise Fail(str(exc)) from None
         return datasets.Dataset.from_file(str(path))

@@ -128,9 +128,11 @@ def training_arguments(bounds: Bounds) -> dict:
 
 
 def step_logger(stop_below: Optional[float] = None):
-    """A ``TrainerCallback`` keeping a ``StepLog`` per step in ``.logs``; it stops training at a
-    loss at or below ``stop_below``, or at a loss that is not finite."""
+    """A ``TrainerCallback`` keeping a ``StepLog`` per step in ``.logs``; it stops training where
+    the overfit may stop at ``stop_below`` (``engine.overfit.stop_here``), or at a loss that is not finite."""
     from transformers import TrainerCallback
+
+    from ..engine.overfit import stop_here
 
     class StepLogger(TrainerCallback):
         def __init__(self) -> None:
@@ -141,7 +143,8 @@ def step_logger(stop_below: Optional[float] = None):
                 loss = float(logs["loss"])
                 tokens = next((float(logs[key]) for key in TOKEN_KEYS if key in logs), None)
                 self.logs.append(StepLog(state.global_step, loss, logs.get("learning_rate"), tokens))
-                if not math.isfinite(loss) or (stop_below is not None and loss <= stop_below):
+                if not math.isfinite(loss) or (stop_below is not None
+                                               and stop_here([log.loss for log in self.logs], stop_below)):
                     control.should_training_stop = True
 
     return StepLogger()
