@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..machine.environment import environment_record, suite_properties
 from ..outcomes import Fail, Skip
+from ..recipe.schema import SEED_MAX
 from .registry import STAGES, check
 
 
@@ -59,7 +60,6 @@ def pins(ctx) -> None:
                    "requirements.lock) or packages = { torch = \"...\" }")
 
 
-SEED_MAX = 2 ** 32 - 1  # numpy's legacy generator (np.random.seed) takes no larger seed
 
 
 def seeds_applied(seed: int) -> list[str]:
