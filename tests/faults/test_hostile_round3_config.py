@@ -142,3 +142,88 @@ def test_a_malformed_config_value_is_one_line_naming_its_key(configs, case, conf
     line = refused(configs / config)
     for word in words:
         assert word in line, line
+
+
+HANDLED_SHAPES = [  # a value of a shape a key's reader does not take: named with the key, never a traceback
+    ("axolotl-lora-target-modules-a-number", "axolotl.yml", _config("axolotl.yml", "lora_target_modules: [q_proj, v_proj]",
+                                                                     "lora_target_modules: -1"),
+     ["axolotl.yml lora_target_modules: -1 (int) cannot be read as this key's value", "write it as the trainer documents it"]),
+    ("trl-lora-target-modules-a-number", "trl-sft.yaml", _config("trl-sft.yaml", "lora_target_modules: [q_proj, v_proj]",
+                                                                  "lora_target_modules: 7"),
+     ["trl-sft.yaml lora_target_modules", "7 (int)"]),
+    ("axolotl-special-tokens-a-number", "axolotl.yml", _more("axolotl.yml", "special_tokens: 3\n"),
+     ["axolotl.yml special_tokens: 3 (int) cannot be read"]),
+    ("llamafactory-lora-target-a-number", "llamafactory.yaml", _config("llamafactory.yaml", "lora_target: q_proj,v_proj",
+                                                                        "lora_target: 5"),
+     ["llamafactory.yaml lora_target", "5 (int)"]),
+    ("llamafactory-dataset-a-number", "llamafactory.yaml", _config("llamafactory.yaml", "dataset: tiny_chats", "dataset: 5"),
+     ["llamafactory.yaml dataset: expected dataset names of dataset_info.json", "got int"]),
+    ("llamafactory-dataset-dir-a-list", "llamafactory.yaml", _config("llamafactory.yaml", "dataset_dir: data",
+                                                                      "dataset_dir: [data]"),
+     ["llamafactory.yaml dataset_dir: expected the folder holding dataset_info.json", "got list"]),
+]
+
+
+@pytest.mark.parametrize("case, config, plant, words", HANDLED_SHAPES, ids=[c[0] for c in HANDLED_SHAPES])
+def test_a_value_of_a_shape_no_reader_takes_names_its_key(configs, case, config, plant, words):
+    plant(configs)
+    line = refused(configs / config)
+    for word in words:
+        assert word in line, line
+
+
+# ---- YAML itself: one loader with size and alias limits ---------------------------------------
+def _laughs(levels: int = 9) -> str:
+    lines = ['lol0: &lol0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"lol{i}: &lol{i} [" + ", ".join([f"*lol{i - 1}"] * 9) + "]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_billion_laughs_alias_bomb_is_refused_naming_the_file(configs):
+    path = append(configs / "axolotl.yml", _laughs())
+    line = refused(path)
+    assert f"{path}: its aliases (*name) expand to more than 4,194,304 values and characters (an alias bomb?)" in line
+
+
+def test_a_few_aliases_as_teams_write_them_still_load(configs):
+    path = configs / "axolotl.yml"
+    text = path.read_text().replace("lora_target_modules: [q_proj, v_proj]", "lora_target_modules: &targets [q_proj, v_proj]")
+    path.write_text(text + "lora_fan_in_fan_out: false\nextra_targets: *targets\n" + _laughs(3))
+    recipe = load_recipe(path)
+    assert list(recipe.adapter.target_modules) == ["q_proj", "v_proj"]
+
+
+def test_an_alias_that_contains_itself_is_refused(configs):
+    line = refused(append(configs / "trl-sft.yaml", "loop: &loop [1, *loop]\n"))
+    assert "an alias (*name) at line" in line and "refers to a list or mapping that contains it" in line
+
+
+def test_yaml_nested_deeper_than_python_follows_is_refused(configs):
+    line = refused(append(configs / "trl-sft.yaml", "deep: " + "[" * 5000 + "]" * 5000 + "\n"))
+    assert "nests its lists and mappings deeper than the reader can follow" in line
+
+
+def test_a_config_larger_than_a_page_of_settings_is_refused_before_reading(configs):
+    line = refused(append(configs / "axolotl.yml", "# " + "x" * (2 << 20) + "\n"))
+    assert "more than the 1,048,576 a config may: pass the trainer's config, not a data or model file" in line
+
+
+def test_a_config_that_is_a_folder_or_a_fifo_is_refused(configs):
+    import os
+
+    (configs / "folder.yaml").mkdir()
+    assert "is a folder; pass the path of a YAML config file" in refused(configs / "folder.yaml")
+    os.mkfifo(configs / "fifo.yaml")
+    assert "not a regular file (a FIFO, socket or device)" in refused(configs / "fifo.yaml")
+
+
+def test_an_alias_bomb_in_an_accelerate_config_is_refused_naming_it(configs):
+    (configs / "accelerate.yaml").write_text("distributed_type: MULTI_GPU\n" + _laughs())
+    line = refused(append(configs / "trl-sft.yaml", "accelerate_config: accelerate.yaml\n"))
+    assert "accelerate.yaml: its aliases (*name) expand" in line
+
+
+def test_an_alias_bomb_in_a_spectrum_file_is_refused_naming_it(configs):
+    (configs / "spectrum.yaml").write_text("unfrozen_parameters: [a]\n" + _laughs())
+    line = refused(append(configs / "trl-sft.yaml", "spectrum_config_path: spectrum.yaml\n"))
+    assert "spectrum.yaml: its aliases (*name) expand" in line

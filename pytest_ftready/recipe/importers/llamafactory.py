@@ -168,6 +168,12 @@ def _data(b: Builder) -> None:
     names = b.raw.get("dataset")
     if isinstance(names, str):
         names = [n.strip() for n in names.split(",") if n.strip()]
+    if names and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        raise b.fail("dataset", f"expected dataset names of dataset_info.json (\"my_chats\" or \"a,b\" or a list), "
+                     f"got {type(names).__name__}: write dataset: my_chats")
+    if not isinstance(b.raw.get("dataset_dir") or DATASET_DIR, str):
+        raise b.fail("dataset_dir", f"expected the folder holding dataset_info.json (a path), got "
+                     f"{type(b.raw['dataset_dir']).__name__}: write dataset_dir: data")
     if not names:
         what = "" if b.raw.get("do_train") else " (no do_train either: an inference, evaluation or export config?)"
         raise b.fail("dataset", f"missing{what}; a training config names the datasets of dataset_info.json, "
