@@ -227,3 +227,93 @@ def test_an_alias_bomb_in_a_spectrum_file_is_refused_naming_it(configs):
     (configs / "spectrum.yaml").write_text("unfrozen_parameters: [a]\n" + _laughs())
     line = refused(append(configs / "trl-sft.yaml", "spectrum_config_path: spectrum.yaml\n"))
     assert "spectrum.yaml: its aliases (*name) expand" in line
+
+
+# ---- the recipe's numbers: every one bounded where the schema reads it ----------------------------
+BOUNDS = [  # (table, key, value as TOML, words)
+    ("budget", "max_hours", "1e300", "[budget] max_hours: expected at most 87,600.0 hours (ten years), got 1e+300"),
+    ("budget", "max_hours", "1e12", "[budget] max_hours: expected at most 87,600.0 hours"),
+    ("training", "epochs", "1e300", "[training] epochs: expected at most 1,000,000.0 epochs"),
+    ("data", "max_length", str(2 ** 63 - 1), "[data] max_length: expected at most 16,777,216 tokens (longer than any "
+                                             "model's context), got 9,223,372,036,854,775,807"),
+    ("training", "seed", str(2 ** 32), "[training] seed: expected at most 4,294,967,295 (numpy's range, which torch, "
+                                       "python and numpy all take), got 4,294,967,296"),
+    ("training", "micro_batch_size", str(2 ** 40), "[training] micro_batch_size: expected at most 1,048,576"),
+    ("training", "gradient_accumulation_steps", str(2 ** 40), "[training] gradient_accumulation_steps: expected at most"),
+    ("training", "learning_rate", "1e30", "[training] learning_rate: expected at most 1,000.0"),
+    ("training", "save_steps", str(2 ** 62), "[training] save_steps: expected at most"),
+    ("checks", "time_limit_s", "1e300", "[checks] time_limit_s: expected at most 10,000,000.0"),
+    ("checks", "time_limits", '{ "lifecycle.resume" = 1e300 }', "[checks] time_limits: expected check ids with positive "
+                                                                 "seconds up to 10,000,000"),
+    ("checks", "max_regression", "{ tokens_per_s = inf }", "[checks] max_regression.tokens_per_s: expected a "
+                                                           "non-negative share"),
+    ("checks", "overfit_steps", str(2 ** 60), "[checks] overfit_steps: expected at most 1,048,576"),
+    ("checks", "resume_steps", str(2 ** 60), "[checks] resume_steps: expected at most 65,536"),
+    ("checks", "max_new_tokens", str(2 ** 60), "[checks] max_new_tokens: expected at most"),
+    ("budget", "log_bytes", str(2 ** 62), "[budget] log_bytes: expected at most 9,007,199,254,740,992"),
+    ("privacy", "retention_days", str(10 ** 9), "[privacy] retention_days: expected at most 36,600"),
+    ("distributed", "timeout_s", "1e300", "[distributed] timeout_s: expected at most 10,000,000.0"),
+    ("adapter", "r", str(2 ** 40), "[adapter] r: expected at most 65,536"),
+    ("adapter", "target_regex", '"(q_proj"', "[adapter] target_regex: '(q_proj' is not a regular expression "
+                                             "(missing ), unterminated subpattern at position 0)"),
+    ("adapter", "target_regex", '"*proj"', "[adapter] target_regex: '*proj' is not a regular expression"),
+    ("training", "trainable", '["layers.[0-"]', "[training] trainable: 'layers.[0-' is not a regular expression"),
+]
+
+
+@pytest.mark.parametrize("table, key, value, words", BOUNDS, ids=[f"{b[1]}={b[2][:20]}" for b in BOUNDS])
+def test_a_number_no_run_means_is_refused_naming_the_key(configs, table, key, value, words):
+    path = configs / "recipe.toml"
+    text = "".join(line for line in path.read_text().splitlines(keepends=True) if not line.startswith(f"{key} ="))
+    header = f"[{table}]\n"
+    path.write_text(text.replace(header, f"{header}{key} = {value}\n") if header in text
+                    else text + f"\n{header}{key} = {value}\n")
+    line = refused(path)
+    assert words in line, line
+
+
+def test_the_bounds_leave_every_example_recipe_as_it_was():
+    for path in sorted((TINY.parent).rglob("*.toml")):
+        if "layouts" in path.parts or path.name == "ftready.toml":
+            continue
+        text = path.read_text()
+        if "[data]" in text and "[model]" in text:
+            from pytest_ftready.recipe.schema import parse_recipe, RecipeError as Error
+
+            try:
+                parse_recipe(text, path)
+            except Error as exc:  # a missing local model or data file is not a bound
+                assert "expected at most" not in str(exc) and "regular expression" not in str(exc), str(exc)
+
+
+# ---- the report header and collection: a config that cannot be read is a clean error ------------------
+def test_any_reader_error_ends_as_a_recipe_error_and_the_header_says_nothing(configs, tmp_path, monkeypatch):
+    """The backstop under every reader's own messages (fault injected: every input found is named
+    by its own reader): an error of a shape no reader expected is one RecipeError line naming the
+    file, and the report header's translation lines (RunState.header_lines) skip it instead of
+    raising into pytest (an INTERNALERROR that ended the session)."""
+    from pytest_ftready.recipe.importers import axolotl
+    from pytest_ftready.session.state import RunState
+
+    def broken(builder):
+        raise KeyError(5)
+
+    monkeypatch.setattr(axolotl, "translate", broken)
+    path = configs / "axolotl.yml"
+    line = refused(path)
+    assert line.startswith(f"Invalid recipe {path}: cannot be read: a value of a shape the reader does not expect "
+                           "(KeyError: 5); check the file's keys")
+    run = RunState(artifacts_root=tmp_path / "arts", machine_factory=lambda: None, recipe_paths=[path.resolve()])
+    assert run.header_lines() == []
+
+
+def test_a_whole_run_on_a_malformed_config_is_a_collection_error_not_internalerror(configs, pytester, monkeypatch):
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.setenv("PYTHONPATH", f"{root}{__import__('os').pathsep}{__import__('os').environ.get('PYTHONPATH', '')}")
+    config = append(configs / "axolotl.yml", "warmup_steps: ten\n")
+    result = pytester.runpytest_subprocess(f"--ftready={config}", "-p", "no:cacheprovider")
+    out = result.stdout.str() + result.stderr.str()
+    assert "INTERNALERROR" not in out and "Traceback" not in out, out[-3000:]
+    assert result.ret == pytest.ExitCode.INTERRUPTED  # the collection error stops the session, as pytest words it
+    assert f"Invalid recipe {config} warmup_steps: expected warm-up optimizer steps (or a ratio between 0 and 1), " \
+           "got 'ten': write a whole number" in out
