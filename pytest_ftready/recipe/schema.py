@@ -19,6 +19,7 @@ from typing import Any
 from pyrsistent import PRecord, freeze, pmap, pvector
 from pyrsistent import field as pfield
 
+from ..files import pseudo_file_system
 from ..kinds import KIND_NAMES
 
 if sys.version_info >= (3, 11):
@@ -203,7 +204,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "scan_paths": _k("paths", [], "artifacts to scan besides the training data"),
         "backups": _k("table", {}, "{ path = ..., encrypted = true }"),
         "retention_days": _k("int", 0, "days artifacts are kept (0 = not declared)", most=36_600),
-        "allowlist": _k("path", "", "accepted findings, by fingerprint"),
+        "allowlist": _k("path", "", "accepted findings, by fingerprint", must_exist=True),
     },
     "export": {
         "format": _k("choice", "none", "export after training", choices=("none", "safetensors", "gguf")),
@@ -412,6 +413,9 @@ class _Parser:
         if key.must_exist and not (resolved.is_file() or resolved.is_dir()):  # reading a FIFO blocks, a device never ends
             raise self.fail(where, f"{_shown(raw)} is not a regular file (a FIFO, socket or device): write it to a "
                             "file on disk and point the recipe at that file")
+        if pseudo_file_system(resolved):
+            raise self.fail(where, f"{_shown(raw)} lies in a pseudo file system (/proc, /sys, /dev: a process's memory, "
+                            "a device or a kernel table), not a file of yours: point it at a regular file or folder")
         return resolved
 
     def path_values(self, where: str, raw: str, key: Key) -> list:
@@ -549,6 +553,10 @@ def _cross_checks(parser: _Parser, t: dict[str, PRecord]) -> None:
             raise parser.fail("[privacy] backups", f"unknown key {unknown[0]!r}; expected path and encrypted")
         if not isinstance(backups.get("encrypted"), bool) or not isinstance(backups.get("path"), str):
             raise parser.fail("[privacy] backups", "expected { path = \"backups/\", encrypted = true }")
+        parser.path_value("[privacy] backups path", backups["path"], Key(kind="path"))
+    if privacy.allowlist and not Path(privacy.allowlist).is_file():
+        raise parser.fail("[privacy] allowlist", f"{privacy.allowlist} is a folder; point it at a text file of "
+                          "accepted fingerprints, one a line")
     _distributed_checks(parser, t)
     pins = t["pins"].packages
     bad_pins = [k for k, v in pins.items() if not isinstance(v, str)]

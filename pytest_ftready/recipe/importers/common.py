@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional
 
-from .base import Builder, safe_yaml
+from .base import Builder, read_side_toml, safe_yaml, side_toml
 from .modules import LLAMA_LINEAR, EveryLinear
 
 if sys.version_info >= (3, 11):
@@ -92,13 +92,22 @@ def chat_template_value(b: Builder, source: str, value: Any) -> None:
         b.caveat(source, f"{text!r} is neither a local template file nor template text: the checks use the "
                  "tokenizer's own template; set [data] chat_template in ftready.toml")
         return
-    folder = b.folder / ".ftready" / "templates"
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / f"{b.path.stem}.{source.split(' ')[0]}.jinja"
-    if not target.is_file() or target.read_text(encoding="utf-8") != text:
-        partial = target.with_suffix(".partial")
-        partial.write_text(text, encoding="utf-8")
-        partial.replace(target)
+    from ...files import write_private
+
+    target = b.folder / ".ftready" / "templates" / f"{b.path.stem}.{source.split(' ')[0]}.jinja"
+    try:
+        if not target.is_file() or target.read_text(encoding="utf-8") != text:
+            write_private(target, text)  # atomic: never a half-written template
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        side = side_toml(b.path)
+        if side is not None and "chat_template" in (read_side_toml(side).get("data") or {}):
+            b.caveat(source, f"the inline template cannot be saved as {target} ({reason}): the side file's [data] "
+                     "chat_template is the one the checks render with")
+            return
+        raise b.fail(source.split(" ")[0], f"its inline chat template cannot be saved as {target} ({reason}), where "
+                     f"the checks render with it: make {b.folder} writable for this user, or save the template as "
+                     "a .jinja file and write [data] chat_template = \"that.jinja\" in ftready.toml") from None
     b.put(f"{source} (inline template, saved as {target.relative_to(b.folder)})", "data", "chat_template", str(target))
 
 
