@@ -317,3 +317,212 @@ def test_a_whole_run_on_a_malformed_config_is_a_collection_error_not_internalerr
     assert result.ret == pytest.ExitCode.INTERRUPTED  # the collection error stops the session, as pytest words it
     assert f"Invalid recipe {config} warmup_steps: expected warm-up optimizer steps (or a ratio between 0 and 1), " \
            "got 'ten': write a whole number" in out
+
+
+# ---- user paths: OS errors become advice, nothing half-written -------------------------------------
+PSEUDO_PATHS = [  # (table line to add, words)
+    ('[privacy]\nallowlist = "missing.txt"', "[privacy] allowlist: 'missing.txt' does not exist"),
+    ('[privacy]\nallowlist = "data"', "[privacy] allowlist: ", ),
+    ('[privacy]\nallowlist = "/proc/self/environ"', "[privacy] allowlist: '/proc/self/environ' lies in a pseudo file system"),
+    ('[privacy]\nscan_paths = ["/proc/self/status"]', "[privacy] scan_paths: '/proc/self/status' lies in a pseudo file system"),
+    ('[training]\noutput_dir = "/proc/self"', "[training] output_dir: '/proc/self' lies in a pseudo file system"),
+    ('[data]\nmanifest = "/sys/kernel/manifest.json"', "[data] manifest: '/sys/kernel/manifest.json' lies in a pseudo file system"),
+    ('[privacy]\nbackups = { path = "/proc/self/fd", encrypted = true }',
+     "[privacy] backups path: '/proc/self/fd' lies in a pseudo file system"),
+]
+
+
+@pytest.mark.parametrize("line, words", PSEUDO_PATHS, ids=[p[0].split("\n")[1][:30] for p in PSEUDO_PATHS])
+def test_a_recipe_path_into_a_pseudo_file_system_or_missing_is_refused(configs, line, words):
+    table, _, entry = line.partition("\n")
+    key = entry.split(" =")[0]
+    path = configs / "recipe.toml"
+    text = "".join(row for row in path.read_text().splitlines(keepends=True) if not row.startswith(f"{key} ="))
+    path.write_text(text.replace(table + "\n", f"{table}\n{entry}\n"))
+    refused_line = refused(path)
+    assert words in refused_line, refused_line
+    if key == "allowlist" and "data" in entry:
+        assert "is a folder; point it at a text file of accepted fingerprints" in refused_line
+
+
+def test_a_baseline_in_a_pseudo_file_system_is_a_usage_error(tmp_path):
+    from pytest_ftready.outputs.regression import BaselineError, load_baseline
+
+    for path in ("/proc", "/proc/self/status", "/sys/kernel"):
+        with pytest.raises(BaselineError, match=r"lies in a pseudo file system \(/proc, /sys, /dev\), not a run's "
+                                                r"figures; pass --ftready-baseline=PATH"):
+            load_baseline(path)
+
+
+def test_a_baseline_folder_that_cannot_be_searched_is_a_usage_error(tmp_path, monkeypatch):
+    from pytest_ftready.outputs import regression
+
+    def denied(folder):  # the OS error itself (root reads every folder here)
+        raise PermissionError(13, "Permission denied", str(folder / "private"))
+
+    monkeypatch.setattr(regression, "artifacts_files", denied)
+    with pytest.raises(regression.BaselineError, match=r"cannot be searched: Permission denied .*private\); pass "
+                                                        r"--ftready-baseline=PATH to a measurements.json"):
+        regression.load_baseline(tmp_path)
+
+
+def test_an_inline_template_where_dot_ftready_cannot_be_made_is_refused_naming_the_key(configs):
+    (configs / ".ftready").write_text("a file where the folder goes")
+    config = append(configs / "trl-sft.yaml", 'chat_template: "{% for m in messages %}{{ m.content }}{% endfor %}"\n')
+    line = refused(config)
+    assert "trl-sft.yaml chat_template: its inline chat template cannot be saved as" in line
+    assert "write [data] chat_template = \"that.jinja\" in ftready.toml" in line
+    assert (configs / ".ftready").read_text() == "a file where the folder goes"  # nothing of the user's changed
+
+
+def test_an_inline_template_the_side_file_replaces_needs_no_writable_folder(configs):
+    (configs / ".ftready").write_text("a file where the folder goes")
+    (configs / "mine.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    edit(configs / "ftready.toml", "[data]\nsample = 4", "[data]\nsample = 4\nchat_template = \"mine.jinja\"")
+    config = append(configs / "trl-sft.yaml", 'chat_template: "{% for m in messages %}{{ m.content }}{% endfor %}"\n')
+    recipe = load_recipe(config)
+    assert recipe.data.chat_template == configs / "mine.jinja"
+    assert any("the side file's [data] chat_template is the one the checks render with" in c
+               for c in recipe.origin.caveats)
+
+
+def test_an_inline_template_is_saved_whole_and_private(configs):
+    config = append(configs / "trl-sft.yaml", 'chat_template: "{% for m in messages %}{{ m.content }}{% endfor %}"\n')
+    saved = Path(load_recipe(config).data.chat_template)
+    assert saved.read_text() == "{% for m in messages %}{{ m.content }}{% endfor %}"
+    assert saved.stat().st_mode & 0o077 == 0
+    assert sorted(p.name for p in saved.parent.iterdir()) == [saved.name]  # no temp file left
+
+
+def test_write_user_file_turns_each_os_error_into_advice_and_leaves_nothing_half_written(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from pytest_ftready import files
+    from pytest_ftready.files import PathProblem, write_user_file
+
+    (tmp_path / "folder.json").mkdir()
+    with pytest.raises(PathProblem, match=r"cannot write .*folder.json \(\[data\] manifest\): Is a directory; a folder "
+                                          r"stands where the file goes: move it, or point \[data\] manifest elsewhere"):
+        write_user_file(tmp_path / "folder.json", "{}", "[data] manifest")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(PathProblem, match=r"Not a directory; a file stands where a folder is needed: move it, or "
+                                          r"point -o elsewhere"):
+        write_user_file(tmp_path / "file" / "recipe.toml", "x", "-o")
+    (tmp_path / "old.toml").write_text("the user's recipe")
+
+    def read_only(*args, **kwargs):  # the OS error itself: root writes through read-only modes here
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(files.os, "replace", read_only)
+    with pytest.raises(PathProblem, match=r"Read-only file system; the file system is mounted read-only: point -o at "
+                                          r"a writable disk"):
+        write_user_file(tmp_path / "old.toml", "new", "-o")
+    assert (tmp_path / "old.toml").read_text() == "the user's recipe"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder.json", "old.toml"]
+
+
+def test_read_user_text_names_a_missing_pseudo_folder_or_binary_file(tmp_path):
+    from pytest_ftready.files import PathProblem, read_user_text
+
+    (tmp_path / "bin").write_bytes(b"\xff\xfe\x00")
+    for path, words in ((tmp_path / "missing", "no such file; write it, or fix the path"),
+                        (Path("/proc/self/environ"), "lies in a pseudo file system"),
+                        (tmp_path, "it is a folder; point it at a file"),
+                        (tmp_path / "bin", "not UTF-8 text")):
+        with pytest.raises(PathProblem) as info:
+            read_user_text(path, "[privacy] allowlist")
+        assert words in str(info.value) and "([privacy] allowlist)" in str(info.value)
+
+
+# ---- commands -------------------------------------------------------------------------------------
+def test_ftready_init_onto_a_folder_or_under_a_file_is_one_line(configs, monkeypatch, capsys):
+    from pytest_ftready.starter import main
+
+    monkeypatch.chdir(configs)
+    (configs / "out").mkdir()
+    args = ["--model", "model", "--data", "data/train.jsonl"]
+    assert main([*args, "-o", "out", "--force"]) == 2
+    assert "ftready-init: out is a folder; pass the recipe file's path, e.g. -o out/recipe.toml" in capsys.readouterr().out
+    (configs / "plain").write_text("x")
+    assert main([*args, "-o", "plain/recipe.toml"]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("ftready-init: cannot write plain/recipe.toml (-o): Not a directory; a file stands where a "
+                          "folder is needed") and out.count("\n") == 1
+    assert (configs / "plain").read_text() == "x" and list((configs / "out").iterdir()) == []
+
+
+def test_ftready_init_names_a_malformed_config_json(configs, monkeypatch, capsys):
+    from pytest_ftready.starter import main
+
+    monkeypatch.chdir(configs)
+    (configs / "model" / "config.json").write_text("{not json")
+    assert main(["--model", "model", "--data", "data/train.jsonl", "-o", "mine.toml"]) == 2
+    out = capsys.readouterr().out
+    assert "model/config.json cannot be read as JSON (Expecting property name" in out
+    assert "fix or restore the model's config.json" in out and not (configs / "mine.toml").exists()
+
+
+def test_ftready_manifest_write_where_the_manifest_is_a_folder_or_under_a_file(configs, capsys):
+    from pytest_ftready.data.manifest import main
+
+    manifest = configs / "data" / "MANIFEST.json"
+    manifest.unlink()
+    manifest.mkdir()
+    assert main(["write", str(configs / "recipe.toml")]) == 2
+    out = capsys.readouterr().out
+    assert f"ftready-manifest: cannot write {manifest} ([data] manifest): Is a directory; a folder stands where the " \
+           "file goes: move it, or point [data] manifest elsewhere" in out
+    assert list(manifest.iterdir()) == [] and sorted(p.name for p in manifest.parent.iterdir()) == [
+        "MANIFEST.json", "dataset_info.json", "train.jsonl"]  # no temp file left
+
+
+def test_ftready_manifest_write_in_a_read_only_data_folder_leaves_the_old_manifest(configs, capsys, monkeypatch):
+    import errno
+    import os
+
+    from pytest_ftready import files
+    from pytest_ftready.data.manifest import main
+
+    before = (configs / "data" / "MANIFEST.json").read_text()
+
+    def denied(*args, **kwargs):  # the OS error itself: root writes through a read-only folder's mode here
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(files.tempfile, "mkstemp", denied)
+    assert main(["write", str(configs / "recipe.toml")]) == 2
+    assert "Permission denied; this user may not write there: fix the folder's permissions or point [data] manifest " \
+           "at a folder you own" in capsys.readouterr().out
+    assert (configs / "data" / "MANIFEST.json").read_text() == before
+
+
+def _forecast_folder(configs, tiny_model_dir, edit) -> Path:
+    """The tiny recipe over a model folder holding only an edited copy of the tiny model's config.json."""
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    edit(config)
+    (configs / "model" / "config.json").write_text(json.dumps(config))
+    return configs / "recipe.toml"
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda c: c.update(vocab_size=0), "config.json vocab_size = 0: expected a positive whole number (the model's "
+                                       "vocab size); fix config.json"),
+    (lambda c: c.update(hidden_size=-64), "config.json hidden_size = -64: expected a positive whole number"),
+    (lambda c: c.pop("num_hidden_layers"), "config.json lacks num_hidden_layers: the forecast would use LlamaConfig's "
+                                           "default of 32, another model's size; write this model's num_hidden_layers"),
+], ids=["vocab-0", "hidden-negative", "no-layers"])
+def test_ftready_forecast_refuses_sizes_a_config_lacks_or_gives_as_nothing(configs, tiny_model_dir, capsys, edit, words):
+    from pytest_ftready.forecast_command import main
+
+    recipe = _forecast_folder(configs, tiny_model_dir, edit)
+    assert main([str(recipe), "--no-levers"]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.startswith("ftready-forecast: ") and "Traceback" not in err
+
+
+def test_ftready_forecast_names_a_config_json_that_is_not_json(configs, capsys):
+    from pytest_ftready.forecast_command import main
+
+    (configs / "model" / "config.json").write_text("{not json")
+    assert main([str(configs / "recipe.toml"), "--no-levers"]) == 2
+    assert "model/config.json cannot be read as a model config (OSError" in capsys.readouterr().err
