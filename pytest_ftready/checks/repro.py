@@ -46,7 +46,12 @@ def pins(ctx) -> None:
         ctx.measure("model_folder_sha256", folder_hash(recipe.model.path), "")
     declared = {normalize(k): v for k, v in recipe.pins.packages.items()}
     if recipe.pins.lockfile:
-        declared = read_lockfile(recipe.pins.lockfile) | declared
+        from ..files import PathProblem
+
+        try:
+            declared = read_lockfile(recipe.pins.lockfile) | declared
+        except PathProblem as exc:
+            raise Fail(str(exc)) from None
     ctx.measure("pinned_packages", len(declared), "packages")
     if declared:
         mismatch = mismatches(declared, PACKAGES)

@@ -526,3 +526,24 @@ def test_ftready_forecast_names_a_config_json_that_is_not_json(configs, capsys):
     (configs / "model" / "config.json").write_text("{not json")
     assert main([str(configs / "recipe.toml"), "--no-levers"]) == 2
     assert "model/config.json cannot be read as a model config (OSError" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"\xff\xfe not text", "([pins] lockfile): not UTF-8 text"),
+    (b'[[package]]\nname = "torch"\nversion = ', "([pins] lockfile): a uv.lock / poetry.lock that is not valid TOML"),
+], ids=["binary", "broken-toml"])
+def test_a_lockfile_that_cannot_be_read_says_what_to_do(tmp_path, content, words):
+    from pytest_ftready.files import PathProblem
+    from pytest_ftready.machine.pins import read_lockfile
+
+    (tmp_path / "uv.lock").write_bytes(content)
+    with pytest.raises(PathProblem) as info:
+        read_lockfile(tmp_path / "uv.lock")
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_lock_entry_without_a_name_is_left_out_not_a_key_error(tmp_path):
+    from pytest_ftready.machine.pins import read_lockfile
+
+    (tmp_path / "uv.lock").write_text('[[package]]\nversion = "1.0"\n\n[[package]]\nname = "torch"\nversion = "2.5.1"\n')
+    assert read_lockfile(tmp_path / "uv.lock") == {"torch": "2.5.1"}
