@@ -547,3 +547,29 @@ def test_a_lock_entry_without_a_name_is_left_out_not_a_key_error(tmp_path):
 
     (tmp_path / "uv.lock").write_text('[[package]]\nversion = "1.0"\n\n[[package]]\nname = "torch"\nversion = "2.5.1"\n')
     assert read_lockfile(tmp_path / "uv.lock") == {"torch": "2.5.1"}
+
+
+# ---- the resume rehearsal's length: bounded, the key named ----------------------------------------
+def test_a_huge_accumulation_is_rehearsed_at_a_bounded_count_and_said(make_state, run_check, monkeypatch):
+    """gradient_accumulation_steps = 10000 at micro-batch 1 made the rehearsal train 10,000
+    micro-batches a step (274 s against 13 s): it now accumulates REHEARSAL_ACCUMULATION, in the
+    session and in the fresh process alike, and the check says so naming the key."""
+    from pytest_ftready.engine import checkpoint
+    from pytest_ftready.trainers.base import REHEARSAL_ACCUMULATION, rehearsal_note
+
+    counted = []
+    real = checkpoint.next_batches
+
+    def counting(order, examples, accumulation, pad_id):
+        counted.append(accumulation)
+        return real(order, examples, accumulation, pad_id)
+
+    monkeypatch.setattr(checkpoint, "next_batches", counting)
+    state = make_state(micro_batch_size="1", gradient_accumulation_steps="10000")
+    ctx = run_check(state, "lifecycle.resume")
+    assert set(counted) == {REHEARSAL_ACCUMULATION} and len(counted) == 6  # 4 straight + 2 saved (this process)
+    measured = {m.name: m.value for m in state.run.measurements if m.check == "lifecycle.resume"}
+    assert measured["rehearsal_accumulation"] == REHEARSAL_ACCUMULATION and measured["resumed_steps"] == 2
+    assert rehearsal_note(ctx.recipe) == ("[training] gradient_accumulation_steps = 10,000: the rehearsal accumulates 8 "
+                                          "micro-batches per step (what a resume restores is the same at any count)")
+    assert state.recipe.training.gradient_accumulation_steps == 10000  # every other check sees the recipe's own
