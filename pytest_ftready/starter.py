@@ -114,6 +114,13 @@ def parse_setting(text: str) -> tuple[tuple[str, str], Any]:
         value = tomllib.loads(f"v = {literal.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = literal.strip()  # a bare word: a string
+    if SCHEMA[table][key].kind not in ("path", "paths"):  # paths are checked where the recipe is written
+        from .recipe.schema import validate_value
+
+        try:
+            validate_value(table, key, value, "recipe.toml")
+        except RecipeError as exc:
+            raise ValueError(f"--set {text!r}: {exc.message}; the plugin would refuse the recipe the same way") from None
     return (table, key), value
 
 

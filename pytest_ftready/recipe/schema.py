@@ -608,6 +608,12 @@ def key_location(name: str, path: Path | str, where: str) -> tuple[str, str]:
     raise RecipeError(path, f"{where} {name}", "unknown recipe key" + did_you_mean(name, every))
 
 
+def validate_value(table: str, key: str, raw: Any, path: Path | str) -> Any:
+    """``raw`` read as ``[table] key`` of the recipe at ``path`` (its kind, bounds and choices),
+    or the RecipeError the file itself would get."""
+    return _Parser(Path(path).resolve()).value(table, key, SCHEMA[table][key], raw)
+
+
 def with_changes(recipe: Recipe, changes: dict[str, Any], where: str = "variant") -> Recipe:
     """The recipe with ``changes`` ({key: value}, keys as ``key_location`` reads them) applied
     and validated like the file itself: a value the schema refuses is a RecipeError."""

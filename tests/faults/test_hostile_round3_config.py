@@ -573,3 +573,65 @@ def test_a_huge_accumulation_is_rehearsed_at_a_bounded_count_and_said(make_state
     assert rehearsal_note(ctx.recipe) == ("[training] gradient_accumulation_steps = 10,000: the rehearsal accumulates 8 "
                                           "micro-batches per step (what a resume restores is the same at any count)")
     assert state.recipe.training.gradient_accumulation_steps == 10000  # every other check sees the recipe's own
+
+
+# ---- unclear messages made clear ------------------------------------------------------------------
+def test_a_missing_dataset_info_json_is_named_in_the_no_training_file_line(configs):
+    (configs / INFO).unlink()
+    line = refused(configs / "llamafactory.yaml")
+    assert "[data] train: no local training file in this config" in line
+    assert f"{configs / INFO} not found (LLaMA-Factory reads the datasets' descriptions there)" in line
+
+
+def test_environment_references_in_a_config_are_said_to_be_left_unexpanded(configs, monkeypatch):
+    monkeypatch.setenv("MODEL_DIR", str(configs))
+    line = refused(edit(configs / "axolotl.yml", "base_model: model", "base_model: ${MODEL_DIR}/model"))
+    assert "axolotl.yml base_model: '${MODEL_DIR}/model' holds ${MODEL_DIR}, left unexpanded (YAML expands no " \
+           "environment variables, nor do the checks)" in line
+    edit(configs / "axolotl.yml", "base_model: ${MODEL_DIR}/model", "base_model: model\noutput_dir_note: $HOME/runs")
+    recipe = load_recipe(configs / "axolotl.yml")
+    assert any(c.startswith("output_dir_note: holds $HOME, left unexpanded") for c in recipe.origin.caveats)
+
+
+@pytest.mark.parametrize("setting, words", [
+    ("training.learning_rate=fast", "--set 'training.learning_rate=fast': expected a number, got 'fast' (str); the "
+                                    "plugin would refuse the recipe the same way"),
+    ("training.seed=99999999999", "expected at most 4,294,967,295"),
+    ("data.max_length=-1", "expected a positive integer, got -1"),
+    ("model.dtype=fp64", "expected one of float32, float16, bfloat16"),
+], ids=["text-for-number", "seed-too-large", "negative", "unknown-choice"])
+def test_ftready_init_set_of_a_bad_value_is_refused_before_writing(configs, monkeypatch, capsys, setting, words):
+    from pytest_ftready.starter import main
+
+    monkeypatch.chdir(configs)
+    assert main(["--model", "model", "--data", "data/train.jsonl", "-o", "mine.toml", "--set", setting]) == 2
+    assert words in capsys.readouterr().out
+    assert not (configs / "mine.toml").exists()
+
+
+def _subprocess_env(monkeypatch):
+    import os
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.setenv("PYTHONPATH", f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+
+
+def test_a_recipe_named_with_pytest_id_characters_is_a_usage_error_saying_so(configs, pytester, monkeypatch):
+    _subprocess_env(monkeypatch)
+    odd = configs / "recipe[v2].toml"
+    shutil.copy(configs / "recipe.toml", odd)
+    result = pytester.runpytest_subprocess(f"--ftready={odd}", "-p", "no:cacheprovider")
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR and "INTERNALERROR" not in out
+    assert f"ftready: recipe {odd} (from --ftready) holds '::' or '[', which pytest reads as a test id, not a file: " \
+           "rename the file" in out
+
+
+def test_a_recipe_folder_from_the_environment_is_named_as_a_folder(configs, pytester, monkeypatch):
+    _subprocess_env(monkeypatch)
+    monkeypatch.setenv("FTREADY_RECIPE", f"{configs}/")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR and "INTERNALERROR" not in out
+    assert f"ftready: recipe {configs} (from env FTREADY_RECIPE) is a folder; pass the recipe file in it, one of " \
+           "axolotl.yml, ftready.toml, llamafactory.yaml, recipe.toml, trl-sft.yaml" in out

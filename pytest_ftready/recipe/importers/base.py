@@ -137,6 +137,16 @@ class Builder:
         # side file has said where the model is
         self.every_linear = None
 
+    def note_unexpanded(self) -> None:
+        """A caveat for each top-level key whose value holds an environment reference (``${HOME}``,
+        ``$DATA_DIR``): YAML does not expand them and neither do the checks."""
+        for key, value in self.raw.items():
+            found = unexpanded(value)
+            if found:
+                self.caveat(str(key), f"holds {', '.join(found[:3])}, left unexpanded: the checks read the text as "
+                            "written (YAML expands no environment variables); write the value itself, or set it in "
+                            f"{SIDE_TOML}")
+
     def put(self, source: str, table: str, key: str, value: Any) -> None:
         self.tables.setdefault(table, {})[key] = value
         self.mapped.append((source, f"[{table}] {key}"))
@@ -196,6 +206,11 @@ class Builder:
         names it unless the side file points [model] path at a local copy."""
         if not isinstance(name, str) or not name:
             raise self.fail(source, f"expected a model id or folder, got {name!r}")
+        found = unexpanded(name)
+        if found and not self.local_path(name).is_dir():
+            raise self.fail(source.split(" ")[0], f"{name!r} holds {', '.join(found)}, left unexpanded (YAML expands no "
+                            "environment variables, nor do the checks): write the model's folder or hub id itself, or "
+                            f"[model] path = \"path/to/model\" in {self.path.stem}.{SIDE_TOML} or {SIDE_TOML}")
         if self.local_path(name).is_dir():
             self.put(source, "model", "path", name)
         elif LOCAL_LOOKING.search(name):
@@ -230,7 +245,7 @@ class Builder:
         if self.every_linear is not None and not (side and "target_modules" in read_side_toml(side).get("adapter", {})):
             self.every_linear.resolve(self)
         if not self.tables.get("data", {}).get("train"):
-            notes = "; ".join(c for c in self.caveats if "local" in c or "left out" in c)
+            notes = "; ".join(c for c in self.caveats if "local" in c or "left out" in c or "not found" in c)
             raise RecipeError(self.path, "[data] train", "no local training file in this config"
                               + (f" ({notes})" if notes else "") + f"; the checks read local rows: write [data] "
                               f"train = [\"path/to/train.jsonl\"] in {self.path.stem}.{SIDE_TOML} or {SIDE_TOML} "
@@ -277,6 +292,24 @@ class Builder:
             current[key] = value
             self.mapped.append((f"{side.name} [{table}] {key}", f"[{table}] {key}"))
         return overridden
+
+
+ENV_REFERENCE = re.compile(r"\$\{[A-Za-z_][^}]*\}|\$[A-Z_][A-Z0-9_]*\b")
+
+
+def unexpanded(value: Any) -> list[str]:
+    """The environment references (``${NAME}``, ``$NAME``) in the strings of ``value``, in order, each once."""
+    found: dict[str, None] = {}
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            found.update((m, None) for m in ENV_REFERENCE.findall(item))
+        elif isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+    return list(found)
 
 
 def _name(stem: str) -> str:
