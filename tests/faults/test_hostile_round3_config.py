@@ -635,3 +635,78 @@ def test_a_recipe_folder_from_the_environment_is_named_as_a_folder(configs, pyte
     assert result.ret == pytest.ExitCode.USAGE_ERROR and "INTERNALERROR" not in out
     assert f"ftready: recipe {configs} (from env FTREADY_RECIPE) is a folder; pass the recipe file in it, one of " \
            "axolotl.yml, ftready.toml, llamafactory.yaml, recipe.toml, trl-sft.yaml" in out
+
+
+# ---- fuzzing, extended to trainer configs and side files -------------------------------------------
+def _toml(value) -> str:
+    """``value`` as a TOML literal (None has none: an empty string stands for it)."""
+    if value is None:
+        return '""'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return "nan" if value != value else "inf" if value == float("inf") else "-inf" if value == -float("inf") else repr(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return "{ " + ", ".join(f"{json.dumps(str(k))} = {_toml(v)}" for k, v in value.items()) + " }"
+
+
+@pytest.mark.parametrize("config, trainer", [("axolotl.yml", "axolotl"), ("llamafactory.yaml", "llamafactory"),
+                                             ("trl-sft.yaml", "trl")])
+def test_fuzzed_trainer_config_values_load_or_are_one_line(configs, request, config, trainer):
+    """Any key of the trainer's table (or of the example) given any value: a Recipe, or one
+    RecipeError line naming the file, and never the loader's backstop (each key's reader words it)."""
+    import yaml
+    from hypothesis import strategies as st
+
+    from pytest_ftready.recipe.importers.table import load_table
+
+    from .test_fuzz import fuzzed, values
+
+    original = yaml.safe_load((configs / config).read_text())
+    keys = sorted({n for row in load_table(trainer).rows if not row.prefix for n in row.names} | set(original))
+
+    def body(change):
+        key, value = change
+        try:
+            text = yaml.safe_dump({**original, key: value})
+        except yaml.YAMLError:
+            return
+        (configs / config).write_text(text, encoding="utf-8", errors="surrogatepass")
+        try:
+            load_recipe(configs / config)
+        except RecipeError as exc:
+            line = str(exc)
+            assert "\n" not in line and (str(configs / config) in line or "ftready.toml" in line), line
+            assert "shape the reader does not expect" not in line, line
+
+    fuzzed(request, 40, st.tuples(st.sampled_from(keys), values), body)
+
+
+def test_fuzzed_side_file_values_load_or_are_one_line(configs, request):
+    from hypothesis import strategies as st
+
+    from pytest_ftready.recipe.schema import SCHEMA
+
+    from .test_fuzz import fuzzed, values
+
+    keys = [(table, key) for table, entries in SCHEMA.items() for key in entries]
+    original = (configs / "ftready.toml").read_text()
+
+    def body(change):
+        (table, key), value = change
+        (configs / "ftready.toml").write_text(original + f"\n[{table}]\n{key} = {_toml(value)}\n"
+                                              if f"[{table}]" not in original else
+                                              original.replace(f"[{table}]\n", f"[{table}]\n{key} = {_toml(value)}\n"),
+                                              encoding="utf-8", errors="surrogatepass")
+        try:
+            load_recipe(configs / "axolotl.yml")
+        except RecipeError as exc:
+            line = str(exc)
+            assert "\n" not in line and "shape the reader does not expect" not in line, line
+
+    fuzzed(request, 60, st.tuples(st.sampled_from(keys), values), body)
