@@ -22,10 +22,10 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 SIDE_TOML = "ftready.toml"
+INTEGER_TEXT = re.compile(r"^[+-]?\d+(\.0*)?([eE]\+?\d+)?$")  # a count as YAML may leave it: "10", "1e3", "8.0"
+MAX_CONFIG_INT = 1 << 53  # counts past this are no run's (and floats stop being exact)
 # A model named by a path rather than a hub id ("org/name"): absolute, home- or dot-relative,
 # a Windows drive, a trailing slash, or more than one folder deep.
-INTEGER_TEXT = re.compile(r"^[+-]?\d+(\.0*)?([eE]\+?\d+)?$")
-MAX_CONFIG_INT = 1 << 53  # counts past this are no run's (and floats stop being exact)
 LOCAL_LOOKING = re.compile(r"^(/|~|\.{1,2}[/\\]|[A-Za-z]:[/\\])|[/\\]$|\\|^[^/]+/[^/]+/")
 
 
