@@ -168,14 +168,16 @@ def _changed_data(kit):
 
 
 # check id -> (plant(kit) -> state or (state, param), a phrase of the failure it must raise)
-def _seeding_without_numpy(kit):
+def _seeding_numpy_otherwise(kit):  # numpy seeded with another seed than the recipe's
     import random
 
+    import numpy as np
     import torch
 
     from pytest_ftready.engine import batches
 
-    kit.monkeypatch.setattr(batches, "seed_everything", lambda seed: (random.seed(seed), torch.manual_seed(seed)))
+    kit.monkeypatch.setattr(batches, "seed_everything", lambda seed: (random.seed(seed), np.random.seed(seed + 1),
+                                                                  torch.manual_seed(seed)))
     return kit.make_state()
 
 
@@ -224,7 +226,7 @@ PLANTS: dict[str, tuple[Callable, str]] = {
     "headroom.disk": (lambda k: _small_disk(k.make_state()), "the run writes"),
     "headroom.time": (lambda k: _with_step(k, step_seconds=1e4), "but max_hours is 1.0"),
     "repro.pins": (lambda k: k.recipe_with('[pins]\npackages = { torch = "0.0.1" }'), "differ from the pins"),
-    "repro.config": (_seeding_without_numpy, "did not reach numpy"),
+    "repro.config": (_seeding_numpy_otherwise, "did not reach numpy"),
     "repro.manifest": (_changed_data, "train.jsonl: sha256"),
     "privacy.license": (lambda k: k.make_state(license='"llama3.1"'), "not one of [privacy] licenses"),
     "privacy.permissions": (_world_readable_data, "is reachable by group and others"),
