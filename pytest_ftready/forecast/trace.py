@@ -68,7 +68,9 @@ def checked_sizes(config, source: Optional[Path]):
     for key in SIZE_KEYS:
         if not hasattr(config, key):
             continue
-        names = {key, *(alias for alias, name in aliases.items() if name == key)}
+        # attribute_map: the standard name -> the model's own (GPT-2's num_hidden_layers -> n_layer)
+        names = {key, *(own for standard, own in aliases.items() if standard == key),
+                 *(standard for standard, own in aliases.items() if own == key)}
         if isinstance(raw, dict) and raw and "text_config" not in raw and not names & set(raw):
             raise TraceError(f"{where} lacks {key}: the forecast would use {type(config).__name__}'s default of "
                              f"{getattr(config, key)!r}, another model's size; write this model's {key} into config.json")

@@ -710,3 +710,20 @@ def test_fuzzed_side_file_values_load_or_are_one_line(configs, request):
             assert "\n" not in line and "shape the reader does not expect" not in line, line
 
     fuzzed(request, 60, st.tuples(st.sampled_from(keys), values), body)
+
+
+def test_the_forecast_reads_a_size_under_the_models_own_name(tmp_path):
+    """GPT-2 writes num_hidden_layers as n_layer (its attribute_map): present, not lacking."""
+    from transformers import GPT2Config
+
+    from pytest_ftready.forecast.trace import TraceError, checked_sizes
+
+    GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=100, bos_token_id=0, eos_token_id=0).save_pretrained(tmp_path)
+    config = GPT2Config.from_pretrained(tmp_path)
+    assert checked_sizes(config, tmp_path / "config.json") is config
+    written = json.loads((tmp_path / "config.json").read_text())
+    del written["n_layer"]
+    (tmp_path / "config.json").write_text(json.dumps(written))
+    with pytest.raises(TraceError, match=r"config.json lacks num_hidden_layers: the forecast would use GPT2Config's "
+                                         r"default of 12"):
+        checked_sizes(GPT2Config.from_pretrained(tmp_path), tmp_path / "config.json")
