@@ -91,8 +91,8 @@ def _forecast_config(recipe):
         if (folder / "config.json").is_file():
             try:
                 return AutoConfig.from_pretrained(str(folder), trust_remote_code=trust), folder / "config.json"
-            except (OSError, ValueError, KeyError, TypeError) as exc:  # not JSON, an unknown model_type, a bad value
-                first = (str(exc).strip().splitlines() or [""])[0][:300]
+            except Exception as exc:  # noqa: BLE001 - not JSON, an unknown model_type, a value its class refuses
+                first = " ".join(line.strip() for line in str(exc).strip().splitlines())[:300]
                 raise ConfigUnavailable(f"{folder / 'config.json'} cannot be read as a model config "
                                         f"({type(exc).__name__}: {first}): fix or restore it") from None
         if m.gguf_file:  # reads the GGUF header (metadata), not the tensors
@@ -111,7 +111,12 @@ def _forecast_config(recipe):
         first = (str(exc).strip().splitlines() or [""])[0]
         raise ConfigUnavailable(f"config.json of {m.id}@{m.revision} is not cached and the hub cannot give it "
                                 f"({type(exc).__name__}: {first}); run once with network, or set [model] path") from None
-    return AutoConfig.from_pretrained(str(Path(path).parent)), Path(path)
+    try:
+        return AutoConfig.from_pretrained(str(Path(path).parent)), Path(path)
+    except Exception as exc:  # noqa: BLE001 - a cached config.json its class refuses
+        first = " ".join(line.strip() for line in str(exc).strip().splitlines())[:300]
+        raise ConfigUnavailable(f"{path} (config.json of {m.id}@{m.revision}) cannot be read as a model config "
+                                f"({type(exc).__name__}: {first})") from None
 
 
 # ---- the forecast ----------------------------------------------------------------------------

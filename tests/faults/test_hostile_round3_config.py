@@ -520,12 +520,23 @@ def test_ftready_forecast_refuses_sizes_a_config_lacks_or_gives_as_nothing(confi
     assert words in err and err.startswith("ftready-forecast: ") and "Traceback" not in err
 
 
-def test_ftready_forecast_names_a_config_json_that_is_not_json(configs, capsys):
+@pytest.mark.parametrize("edit, words", [
+    (None, "model/config.json cannot be read as a model config (OSError"),
+    (lambda c: c.update(num_attention_heads=3), "The hidden size (64) is not a multiple of the number of attention "
+                                                "heads (3).): fix or restore it"),
+    (lambda c: c.update(hidden_size="64"), "Field 'hidden_size' expected int, got str"),
+    (lambda c: c.update(model_type="nonexistent"), "has model type `nonexistent` but Transformers does not recognize"),
+], ids=["not-json", "heads-not-dividing", "size-as-text", "unknown-model-type"])
+def test_ftready_forecast_names_a_config_json_it_cannot_read(configs, tiny_model_dir, capsys, edit, words):
     from pytest_ftready.forecast_command import main
 
-    (configs / "model" / "config.json").write_text("{not json")
+    if edit is None:
+        (configs / "model" / "config.json").write_text("{not json")
+    else:
+        _forecast_folder(configs, tiny_model_dir, edit)
     assert main([str(configs / "recipe.toml"), "--no-levers"]) == 2
-    assert "model/config.json cannot be read as a model config (OSError" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err, err
 
 
 @pytest.mark.parametrize("content, words", [
