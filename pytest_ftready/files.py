@@ -84,9 +84,73 @@ OS_ERROR_ADVICE = {
 }
 
 
-def os_error_advice(exc: OSError) -> str:
-    """What to do about an OSError met while writing: advice that fits its errno."""
-    return OS_ERROR_ADVICE.get(exc.errno, "check that folder, or point --ftready-artifacts at a writable folder")
+def os_error_advice(exc: OSError, option: str = "--ftready-artifacts") -> str:
+    """What to do about an OSError met while writing: advice that fits its errno; ``option`` is
+    what the user points elsewhere (an option like ``-o``, or a recipe key)."""
+    advice = OS_ERROR_ADVICE.get(exc.errno, "check that folder, or point --ftready-artifacts at a writable folder")
+    return advice.replace("--ftready-artifacts", option)
+
+
+# Pseudo file systems: a path into them is a process's memory, a device or a kernel table, never a
+# user's file; reading one may block, never end, or fail file by file.
+PSEUDO_ROOTS = (Path("/proc"), Path("/sys"), Path("/dev"))
+
+
+def pseudo_file_system(path: Path | str) -> bool:
+    """Whether ``path`` (resolved) lies under /proc, /sys or /dev (``/dev/shm``, a tmpfs, excepted)."""
+    try:
+        resolved = Path(path).resolve()
+    except (OSError, RuntimeError, ValueError):
+        return False
+    if resolved == Path("/dev/shm") or Path("/dev/shm") in resolved.parents:
+        return False
+    return any(resolved == root or root in resolved.parents for root in PSEUDO_ROOTS)
+
+
+class PathProblem(Exception):
+    """A user's path the plugin cannot read or write; ``str()`` is one line saying what to do."""
+
+
+def path_problem(exc: OSError, path: Path | str, doing: str, option: str) -> PathProblem:
+    """The one line for ``exc``, met while ``doing`` (\"write\", \"read\") ``path``, named by ``option``."""
+    reason = exc.strerror or str(exc)
+    return PathProblem(f"cannot {doing} {path} ({option}): {reason}; {os_error_advice(exc, option)}")
+
+
+def write_user_file(path: Path | str, data: str | bytes, option: str) -> Path:
+    """``write_private`` for a path the user named (by ``option``): an OS error becomes a
+    PathProblem with advice, and nothing is left half-written (a folder where the file goes,
+    a read-only or full disk, a file where a folder is needed)."""
+    try:
+        return write_private(Path(path), data)
+    except OSError as exc:
+        raise path_problem(exc, path, "write", option) from None
+
+
+def read_user_text(path: Path | str, option: str, most_bytes: int = 1 << 26) -> str:
+    """The UTF-8 text of a file the user named (by ``option``): a missing file, a folder, a
+    pseudo file (/proc, /sys, /dev), one larger than ``most_bytes`` or one that is not text is a
+    PathProblem saying what to write instead."""
+    path = Path(path)
+    if pseudo_file_system(path):
+        raise PathProblem(f"cannot read {path} ({option}): it lies in a pseudo file system (/proc, /sys, /dev), "
+                          "not a file of yours; point it at a regular file")
+    try:
+        if path.is_dir():
+            raise PathProblem(f"cannot read {path} ({option}): it is a folder; point it at a file")
+        size = path.stat().st_size
+        if size > most_bytes:
+            raise PathProblem(f"cannot read {path} ({option}): it holds {size:,} bytes, more than the {most_bytes:,} "
+                              "expected; point it at the right file")
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PathProblem(f"cannot read {path} ({option}): no such file; write it, or fix the path") from None
+    except OSError as exc:
+        raise PathProblem(f"cannot read {path} ({option}): {exc.strerror or exc}; make it readable by this user, "
+                          "or point it at a file that is") from None
+    except UnicodeDecodeError as exc:
+        raise PathProblem(f"cannot read {path} ({option}): not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                          "save it as UTF-8") from None
 
 
 def make_private(folder: Path) -> None:

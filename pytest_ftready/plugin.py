@@ -41,6 +41,10 @@ def pytest_load_initial_conftests(early_config, parser, args) -> None:
     positional = list(getattr(early_config.known_args_namespace, "file_or_dir", []) or [])
     if setting.source.startswith("ini") and not positional:
         args.extend(early_config.getini("testpaths") or [])
+    for path in setting.value:
+        if "::" in str(path) or "[" in str(path):  # pytest would read it as a test id, not a file
+            raise pytest.UsageError(f"ftready: recipe {path} (from {setting.source}) holds '::' or '[', which pytest "
+                                    "reads as a test id, not a file: rename the file (or its folder) without them")
     early_config.stash[MISSING_RECIPES_KEY] = [p for p in setting.value if not p.is_file()]
     args.extend(str(p) for p in setting.value if p.is_file() and str(p) not in args)
 
@@ -129,6 +133,12 @@ def pytest_collection_finish(session) -> None:
 
 def pytest_collection(session) -> None:
     missing = session.config.stash.get(MISSING_RECIPES_KEY, [])
+    folder = next((p for p in missing if p.is_dir()), None)
+    if folder is not None:
+        inside = sorted(p.name for p in folder.iterdir() if p.suffix.lower() in (".toml", ".yaml", ".yml"))[:5]
+        raise pytest.UsageError(f"ftready: recipe {folder} (from {options.recipe_paths(session.config).source}) is a "
+                                "folder; pass the recipe file in it" + (f", one of {', '.join(inside)}" if inside else
+                                ", e.g. recipe.toml"))
     if missing:
         raise pytest.UsageError(f"ftready: recipe {missing[0]} not found (from {options.recipe_paths(session.config).source}); "
                                 "pass --ftready=PATH to an existing recipe.toml")

@@ -51,7 +51,14 @@ def model_facts(folder: Path) -> dict[str, tuple[Any, str]]:
     facts: dict[str, tuple[Any, str]] = {}
     config_path = folder / "config.json"
     if config_path.is_file():
-        config = json.loads(config_path.read_text(encoding="utf-8"))
+        try:
+            config = json.loads(config_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"ftready-init: {config_path} cannot be read as JSON ({exc}): fix or restore the model's "
+                             "config.json (save_pretrained writes it)") from None
+        if not isinstance(config, dict):
+            raise ValueError(f"ftready-init: {config_path} holds a JSON {type(config).__name__}, not the model's "
+                             "config object: fix or restore it")
         dtype = config.get("dtype") or config.get("torch_dtype")
         if dtype in SCHEMA["model"]["dtype"].choices:
             facts["dtype"] = (dtype, "config.json dtype")
@@ -106,6 +113,13 @@ def parse_setting(text: str) -> tuple[tuple[str, str], Any]:
         value = tomllib.loads(f"v = {literal.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = literal.strip()  # a bare word: a string
+    if SCHEMA[table][key].kind not in ("path", "paths"):  # paths are checked where the recipe is written
+        from .recipe.schema import validate_value
+
+        try:
+            validate_value(table, key, value, "recipe.toml")
+        except RecipeError as exc:
+            raise ValueError(f"--set {text!r}: {exc.message}; the plugin would refuse the recipe the same way") from None
     return (table, key), value
 
 
@@ -273,10 +287,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (RecipeError, ValueError) as exc:
         print(exc)
         return 2
+    from .files import PathProblem, write_user_file
+
+    option = "--from's side file" if args.config else "-o"
+    if path.is_dir():
+        print(f"ftready-init: {path} is a folder; pass the recipe file's path, e.g. -o {path / 'recipe.toml'}")
+        return 2
     if path.exists() and not args.force:
         print(f"ftready-init: {path} exists; pass --force to replace it")
         return 1
-    path.write_text(text, encoding="utf-8")
+    try:
+        write_user_file(path, text, option)  # atomic: an existing recipe is replaced whole or left as it was
+    except PathProblem as exc:
+        print(f"ftready-init: {exc}")
+        return 2
     filled = text.count(f"# {FILL_IN}")
     print(f"wrote {path}" + (f": {filled} value(s) marked {FILL_IN}" if filled else ""))
     return 0

@@ -10,8 +10,14 @@ from .registry import STAGES, check
 @check("lifecycle.resume", stage=STAGES["lifecycle"], requires=("data.masking", "model.step_memory"))
 def resume(ctx) -> None:
     """K steps straight vs K/2, save, resume in a fresh process, K/2 more: same losses."""
+    from ..trainers.base import REHEARSAL_ACCUMULATION, rehearsal_note
+
     run = ctx.state.resume_run  # the trainer's own checkpoint and resume
     half = run.steps // 2
+    note = rehearsal_note(ctx.recipe)
+    if note:
+        ctx.measure("rehearsal_accumulation", REHEARSAL_ACCUMULATION, "micro-batches")
+        ctx.suite_property("rehearsal", note)
     ctx.measure("checkpoint_size", run.checkpoint_bytes, "bytes")
     ctx.series("losses_straight", run.straight_losses)
     ctx.series("losses_resumed", run.resumed_losses)

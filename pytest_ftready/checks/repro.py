@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..machine.environment import environment_record, suite_properties
 from ..outcomes import Fail, Skip
+from ..recipe.schema import SEED_MAX
 from .registry import STAGES, check
 
 
@@ -45,7 +46,12 @@ def pins(ctx) -> None:
         ctx.measure("model_folder_sha256", folder_hash(recipe.model.path), "")
     declared = {normalize(k): v for k, v in recipe.pins.packages.items()}
     if recipe.pins.lockfile:
-        declared = read_lockfile(recipe.pins.lockfile) | declared
+        from ..files import PathProblem
+
+        try:
+            declared = read_lockfile(recipe.pins.lockfile) | declared
+        except PathProblem as exc:
+            raise Fail(str(exc)) from None
     ctx.measure("pinned_packages", len(declared), "packages")
     if declared:
         mismatch = mismatches(declared, PACKAGES)
@@ -59,7 +65,6 @@ def pins(ctx) -> None:
                    "requirements.lock) or packages = { torch = \"...\" }")
 
 
-SEED_MAX = 2 ** 32 - 1  # numpy's legacy generator (np.random.seed) takes no larger seed
 
 
 def seeds_applied(seed: int) -> list[str]:

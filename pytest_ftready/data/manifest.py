@@ -64,10 +64,10 @@ def build(files: Iterable[Path], manifest_path: Path) -> dict:
 
 
 def write(files: Iterable[Path], manifest_path: Path) -> Path:
-    from ..files import write_private
+    from ..files import write_user_file
 
     payload = build(files, manifest_path)
-    return write_private(manifest_path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    return write_user_file(manifest_path, json.dumps(payload, indent=2, sort_keys=True) + "\n", "[data] manifest")
 
 
 def differences(files: Iterable[Path], manifest_path: Path) -> list[str]:
@@ -121,7 +121,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"{args.recipe}: [data] manifest is not set; add manifest = \"data/MANIFEST.json\"")
         return 2
     if args.action == "write":
-        print(f"wrote {write(recipe.data.train, recipe.data.manifest)}")
+        from ..files import PathProblem
+
+        try:
+            print(f"wrote {write(recipe.data.train, recipe.data.manifest)}")
+        except PathProblem as exc:
+            print(f"ftready-manifest: {exc}")
+            return 2
         return 0
     problems = differences(recipe.data.train, recipe.data.manifest)
     for line in problems:

@@ -38,9 +38,50 @@ class TraceError(Exception):
 
 
 # ---- the model's config, without weights ----------------------------------------------------
+# The sizes a forecast is made of: each must be the model's own (a class default is another model's)
+# and a positive whole number (vocab_size 0 trips an assertion deep inside torch's Embedding).
+SIZE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+
+
 def forecast_config(recipe):
     """The model's ``PretrainedConfig`` from kilobytes: config.json of the local folder, the
-    metadata of its GGUF file, or config.json alone from the hub at the pinned revision."""
+    metadata of its GGUF file, or config.json alone from the hub at the pinned revision; its
+    sizes checked (``checked_sizes``)."""
+    config, source = _forecast_config(recipe)
+    return checked_sizes(config, source)
+
+
+def checked_sizes(config, source: Optional[Path]):
+    """``config`` when each of SIZE_KEYS it has is a positive integer and, where ``source`` (its
+    config.json) is given and is not a composite (text_config) config, written there (under its
+    name or an alias); else a TraceError naming the file and the key."""
+    import json
+
+    raw = {}
+    if source is not None:
+        try:
+            raw = json.loads(source.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            raw = {}
+    where = source or "the model's config"
+    aliases = getattr(config, "attribute_map", {}) or {}
+    for key in SIZE_KEYS:
+        if not hasattr(config, key):
+            continue
+        # attribute_map: the standard name -> the model's own (GPT-2's num_hidden_layers -> n_layer)
+        names = {key, *(own for standard, own in aliases.items() if standard == key),
+                 *(standard for standard, own in aliases.items() if own == key)}
+        if isinstance(raw, dict) and raw and "text_config" not in raw and not names & set(raw):
+            raise TraceError(f"{where} lacks {key}: the forecast would use {type(config).__name__}'s default of "
+                             f"{getattr(config, key)!r}, another model's size; write this model's {key} into config.json")
+        value = getattr(config, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TraceError(f"{where} {key} = {value!r}: expected a positive whole number (the model's "
+                             f"{key.replace('_', ' ')}); fix config.json (save_pretrained writes it)")
+    return config
+
+
+def _forecast_config(recipe):
     from transformers import AutoConfig
 
     m = recipe.model
@@ -48,9 +89,14 @@ def forecast_config(recipe):
     if m.path:
         folder = Path(m.path)
         if (folder / "config.json").is_file():
-            return AutoConfig.from_pretrained(str(folder), trust_remote_code=trust)
+            try:
+                return AutoConfig.from_pretrained(str(folder), trust_remote_code=trust), folder / "config.json"
+            except Exception as exc:  # noqa: BLE001 - not JSON, an unknown model_type, a value its class refuses
+                first = " ".join(line.strip() for line in str(exc).strip().splitlines())[:300]
+                raise ConfigUnavailable(f"{folder / 'config.json'} cannot be read as a model config "
+                                        f"({type(exc).__name__}: {first}): fix or restore it") from None
         if m.gguf_file:  # reads the GGUF header (metadata), not the tensors
-            return AutoConfig.from_pretrained(str(folder), gguf_file=m.gguf_file, trust_remote_code=trust)
+            return AutoConfig.from_pretrained(str(folder), gguf_file=m.gguf_file, trust_remote_code=trust), None
         raise ConfigUnavailable(f"[model] path {folder} has no config.json (and no gguf_file is named)")
     try:
         from huggingface_hub import hf_hub_download
@@ -59,13 +105,18 @@ def forecast_config(recipe):
                                 "pip install 'pytest-ftready[hub]'") from None
     try:
         if trust:  # the config's own code comes with it (kilobytes too)
-            return AutoConfig.from_pretrained(m.id, revision=m.revision, trust_remote_code=True)
+            return AutoConfig.from_pretrained(m.id, revision=m.revision, trust_remote_code=True), None
         path = hf_hub_download(m.id, "config.json", revision=m.revision)
     except Exception as exc:  # offline, not cached, gated, no such revision: all mean "no config"
         first = (str(exc).strip().splitlines() or [""])[0]
         raise ConfigUnavailable(f"config.json of {m.id}@{m.revision} is not cached and the hub cannot give it "
                                 f"({type(exc).__name__}: {first}); run once with network, or set [model] path") from None
-    return AutoConfig.from_pretrained(str(Path(path).parent))
+    try:
+        return AutoConfig.from_pretrained(str(Path(path).parent)), Path(path)
+    except Exception as exc:  # noqa: BLE001 - a cached config.json its class refuses
+        first = " ".join(line.strip() for line in str(exc).strip().splitlines())[:300]
+        raise ConfigUnavailable(f"{path} (config.json of {m.id}@{m.revision}) cannot be read as a model config "
+                                f"({type(exc).__name__}: {first})") from None
 
 
 # ---- the forecast ----------------------------------------------------------------------------

@@ -24,12 +24,20 @@ def normalize(name: str) -> str:
 
 
 def read_lockfile(path: Path) -> dict[str, str]:
-    """package -> pinned version. Unpinned requirement lines are ignored."""
+    """package -> pinned version. Unpinned requirement lines are ignored. A file that cannot be
+    read, or a TOML lock that is not TOML, is a ``files.PathProblem`` saying what to do."""
+    from ..files import PathProblem, read_user_text
+
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    text = read_user_text(path, "[pins] lockfile")
     if "[[package]]" in text:  # uv.lock and poetry.lock are TOML with [[package]] tables
-        data = tomllib.loads(text)
-        return {normalize(p["name"]): str(p["version"]) for p in data.get("package", []) if "version" in p}
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise PathProblem(f"cannot read {path} ([pins] lockfile): a uv.lock / poetry.lock that is not valid TOML "
+                              f"({exc}); regenerate it (uv lock, poetry lock)") from None
+        return {normalize(p["name"]): str(p["version"]) for p in data.get("package", [])
+                if isinstance(p, dict) and "name" in p and "version" in p}
     pins = {}
     for line in text.splitlines():
         m = REQ.match(line)

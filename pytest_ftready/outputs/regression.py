@@ -106,11 +106,21 @@ def load_baseline(path: Path | str) -> Baseline:
     ``artifacts_files``); else the newest JSON of a folder (pytest-benchmark's saves). A
     ``measurements.json`` that a partial run left absent falls back to the partial run's
     figures beside it, and the baseline's ``note`` says so. ``BaselineError`` names the path."""
+    from ..files import pseudo_file_system
+
     path = Path(path)
+    if pseudo_file_system(path):
+        raise BaselineError(f"ftready baseline {path} lies in a pseudo file system (/proc, /sys, /dev), not a run's "
+                            "figures; pass --ftready-baseline=PATH to a previous run's measurements.json or artifacts folder")
     if path.is_dir():
-        files = artifacts_files(path)
-        if not files:
-            return _load_file(newest_json(path), "")
+        try:
+            files = artifacts_files(path)
+            if not files:
+                return _load_file(newest_json(path), "")
+        except OSError as exc:  # a folder below it this user may not list, a link loop
+            raise BaselineError(f"ftready baseline {path} cannot be searched: {exc.strerror or exc} "
+                                f"({getattr(exc, 'filename', '') or path}); pass --ftready-baseline=PATH to a "
+                                "measurements.json, or a folder this user can read") from None
         merged = Baseline(source=path, note="; ".join(_describe(f) for f in files))
         for file in files:
             merged.values.update(_load_file(file, "").values)

@@ -6,13 +6,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from .importers import load_config
-from .schema import MAX_RECIPE_BYTES, Recipe, RecipeError, parse_recipe
+from .schema import MAX_RECIPE_BYTES, SHOWN_CHARS, Recipe, RecipeError, _clip, parse_recipe
 
 
 def load_recipe(path: Path | str) -> Recipe:
     """Read and validate the recipe file at ``path``: a recipe.toml through the schema, a trainer's
-    YAML config (TRL, Axolotl, LLaMA-Factory) through ``recipe.importers``."""
-    path = Path(path)
+    YAML config (TRL, Axolotl, LLaMA-Factory) through ``recipe.importers``. Whatever the file
+    holds, the only error is a one-line RecipeError naming it: a value of a shape no reader
+    expected ends here too, never as a traceback (or a pytest INTERNALERROR in the report header)."""
+    try:
+        return _load(Path(path))
+    except RecipeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the backstop under every reader's own messages
+        raise RecipeError(path, "", f"cannot be read: a value of a shape the reader does not expect "
+                          f"({type(exc).__name__}: {_clip(str(exc), SHOWN_CHARS)}); check the file's keys against "
+                          "the README's recipe reference, and report the file to pytest-ftready so that the key "
+                          "gets its own message") from None
+
+
+def _load(path: Path) -> Recipe:
     if path.suffix.lower() in (".yaml", ".yml"):  # TRL / Axolotl / LLaMA-Factory config
         return load_config(path)
     try:

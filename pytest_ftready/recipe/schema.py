@@ -19,6 +19,7 @@ from typing import Any
 from pyrsistent import PRecord, freeze, pmap, pvector
 from pyrsistent import field as pfield
 
+from ..files import pseudo_file_system
 from ..kinds import KIND_NAMES
 
 if sys.version_info >= (3, 11):
@@ -35,6 +36,12 @@ MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of settings; more is a file pas
 MAX_NAME_CHARS = 100  # the name becomes a folder name (255 bytes at most on most file systems) and every test id's prefix
 MAX_TEXT_CHARS = 4096  # any other string value
 SHOWN_CHARS = 80  # of a value quoted in an error
+# Every number the schema reads is bounded: past these a count or a length is no run's, and the
+# arithmetic of the checks (timestamps, tensor sizes, step counts) overflows.
+MOST_INT = 1 << 53  # counts of bytes or steps; floats stay exact below it
+MOST_FLOAT = 1e15
+MOST_SECONDS = 1e7  # about 116 days: any check's window or limit
+SEED_MAX = 2 ** 32 - 1  # numpy's legacy generator (np.random.seed) takes no larger seed
 GLOB_CHARS = re.compile(r"[*?[]")
 
 
@@ -61,6 +68,8 @@ class Key:
     positive: bool = False  # int/float: > 0 (else >= 0)
     must_exist: bool = False  # path/paths: resolved against the recipe folder and checked
     globs: bool = False  # paths: an entry with * ? [ is a pattern (sorted matches), as Hugging Face data_files
+    most: Any = None  # int/float: the largest value a run can mean (None: MOST_INT / MOST_FLOAT)
+    unit: str = ""  # int/float: what the number counts, for messages
 
 
 def _k(kind: str, default: Any = REQUIRED, doc: str = "", **kw: Any) -> Key:
@@ -97,11 +106,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "choice", "assistant", "which tokens carry loss",
             choices=("assistant", "last_assistant", "completion", "all"),
         ),
-        "max_length": _k("int", 2048, "tokens per example after truncation", positive=True),
+        "max_length": _k("int", 2048, "tokens per example after truncation", positive=True, most=1 << 24,
+                         unit="tokens (longer than any model's context)"),
         "packing": _k("bool", False, "pack several examples into one sequence"),
         "manifest": _k("path", "", "data manifest checked by repro.manifest"),
         "rights": _k("str", "", "why we may train on this data (privacy.license)"),
-        "sample": _k("int", 16, "examples shown example by example", positive=True),
+        "sample": _k("int", 16, "examples shown example by example", positive=True, most=1 << 20),
         "chat_template": _k("path", "", "a .jinja file overriding the tokenizer's template", must_exist=True),
         "add_special_tokens": _k("bool", False, "the trainer tokenizes rendered text adding BOS/EOS"),
         "stop_tokens": _k("strs", [], "extra end-of-turn tokens besides EOS"),
@@ -112,36 +122,37 @@ SCHEMA: dict[str, dict[str, Key]] = {
     },
     "adapter": {
         "method": _k("choice", "lora", "none = full fine-tune", choices=("none", "lora")),
-        "r": _k("int", 16, "LoRA rank", positive=True),
-        "alpha": _k("float", 32.0, "LoRA alpha", positive=True),
+        "r": _k("int", 16, "LoRA rank", positive=True, most=1 << 16),
+        "alpha": _k("float", 32.0, "LoRA alpha", positive=True, most=1e6),
         "dropout": _k("share", 0.05, "LoRA dropout"),
         "target_modules": _k("strs", ["q_proj", "v_proj"], "modules that get adapters"),
         "target_regex": _k("str", "", "a regex peft full-matches against module names, instead of target_modules"),
     },
     "training": {
-        "micro_batch_size": _k("int", 1, "examples per forward pass", positive=True),
-        "gradient_accumulation_steps": _k("int", 1, "micro-batches per optimizer step", positive=True),
-        "learning_rate": _k("float", 2e-4, "peak learning rate"),
+        "micro_batch_size": _k("int", 1, "examples per forward pass", positive=True, most=1 << 20),
+        "gradient_accumulation_steps": _k("int", 1, "micro-batches per optimizer step", positive=True, most=1 << 20),
+        "learning_rate": _k("float", 2e-4, "peak learning rate", most=1e3),
         "optimizer": _k("choice", "adamw", "optimizer", choices=("adamw", "adamw_8bit", "paged_adamw", "paged_adamw_8bit", "sgd", "adafactor")),
         "lr_scheduler": _k("choice", "linear", "schedule after warm-up", choices=("linear", "cosine", "constant")),
-        "warmup_steps": _k("int", 0, "linear warm-up steps"),
-        "weight_decay": _k("float", 0.0, "AdamW weight decay"),
+        "warmup_steps": _k("int", 0, "linear warm-up steps", most=1 << 40),
+        "weight_decay": _k("float", 0.0, "AdamW weight decay", most=1e3),
         "gradient_checkpointing": _k("bool", False, "activation checkpointing"),
-        "epochs": _k("float", 1.0, "passes over the data", positive=True),
-        "seed": _k("int", 42, "seed for torch, python, numpy and data order"),
+        "epochs": _k("float", 1.0, "passes over the data", positive=True, most=1e6, unit="epochs"),
+        "seed": _k("int", 42, "seed for torch, python, numpy and data order", most=SEED_MAX,
+                   unit="(numpy's range, which torch, python and numpy all take)"),
         "output_dir": _k("path", "runs", "where the run writes checkpoints and logs"),
-        "save_steps": _k("int", 500, "optimizer steps between checkpoints", positive=True),
-        "save_total_limit": _k("int", 3, "checkpoints kept", positive=True),
+        "save_steps": _k("int", 500, "optimizer steps between checkpoints", positive=True, most=1 << 40),
+        "save_total_limit": _k("int", 3, "checkpoints kept", positive=True, most=1 << 20),
         "ddp_timeout_s": _k("float", 1800.0, "seconds a rank of a distributed run waits at a collective before the "
                             "process group's watchdog ends the job (transformers' ddp_timeout): rank 0's preprocessing "
-                            "must end within it (data.loader)", positive=True),
+                            "must end within it (data.loader)", positive=True, most=1e12),
         "compile": _k("bool", False, "torch.compile the model (needs triton on GPUs)"),
         "tf32": _k("bool", False, "allow TF32 matmuls (Ampere and newer)"),
         "fp8": _k("bool", False, "FP8 matmuls (torchao / Transformer Engine; Ada, Hopper and newer)"),
         "loss": _k("choice", "full", "how the loss meets the vocabulary: full logits, chunked (loss_chunks pieces), "
                    "fused_linear (Liger's fused linear cross-entropy) or cut_cross_entropy (Apple's CCE)",
                    choices=("full", "chunked", "fused_linear", "cut_cross_entropy")),
-        "loss_chunks": _k("int", 8, "pieces the chunked loss computes logits for, one at a time", positive=True),
+        "loss_chunks": _k("int", 8, "pieces the chunked loss computes logits for, one at a time", positive=True, most=1 << 20),
         "loss_dtype": _k("choice", "float32", "dtype the full or chunked loss computes its logits and cross-entropy "
                          "in: float32 (upcast first, as transformers' loss does) or compute (the model's dtype, "
                          "as litgpt's bfloat16 chunked cross-entropy)", choices=("float32", "compute")),
@@ -158,7 +169,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "target": _k("str", "", "device to forecast memory for: a size like \"24GiB\" or a GPU name like \"RTX 4090\""),
     },
     "budget": {
-        "max_hours": _k("float", 12.0, "wall-clock budget of the run", positive=True),
+        "max_hours": _k("float", 12.0, "wall-clock budget of the run", positive=True, most=87_600.0,
+                        unit="hours (ten years)"),
         "disk_headroom": _k("share", 0.20, "share of free disk to keep"),
         "time_headroom": _k("share", 0.25, "margin for retries, on top of the ETA"),
         "eval_share": _k("share", 0.05, "share of training time spent evaluating"),
@@ -166,20 +178,21 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "eval_bytes": _k("int", 50_000_000, "bytes of evaluation outputs the run writes"),
     },
     "checks": {
-        "overfit_examples": _k("int", 8, "rows in the overfit sample", positive=True),
-        "overfit_steps": _k("int", 200, "optimizer steps allowed to overfit", positive=True),
-        "overfit_loss": _k("float", 0.1, "loss the overfit must reach", positive=True),
-        "resume_steps": _k("int", 4, "steps of the resume check (even, >= 2)", positive=True),
-        "sustained_seconds": _k("float", 300.0, "length of the sustained window", positive=True),
-        "warmup_seconds": _k("float", 30.0, "warm-up before measuring", positive=False),
-        "window_seconds": _k("float", 30.0, "length of one throughput window", positive=True),
+        "overfit_examples": _k("int", 8, "rows in the overfit sample", positive=True, most=1 << 16),
+        "overfit_steps": _k("int", 200, "optimizer steps allowed to overfit", positive=True, most=1 << 20),
+        "overfit_loss": _k("float", 0.1, "loss the overfit must reach", positive=True, most=1e6),
+        "resume_steps": _k("int", 4, "steps of the resume check (even, >= 2)", positive=True, most=1 << 16),
+        "sustained_seconds": _k("float", 300.0, "length of the sustained window", positive=True, most=MOST_SECONDS),
+        "warmup_seconds": _k("float", 30.0, "warm-up before measuring", positive=False, most=MOST_SECONDS),
+        "window_seconds": _k("float", 30.0, "length of one throughput window", positive=True, most=MOST_SECONDS),
         "max_throughput_drop": _k("share", 0.10, "allowed drop, best early window to last"),
-        "max_temperature_c": _k("float", 87.0, "hottest allowed GPU temperature", positive=True),
+        "max_temperature_c": _k("float", 87.0, "hottest allowed GPU temperature", positive=True, most=200.0),
         "max_truncated_share": _k("share", 0.05, "rows whose response truncation may cut"),
-        "benchmark_rounds": _k("int", 3, "rounds of timed benchmarks", positive=True),
-        "max_new_tokens": _k("int", 32, "tokens generated by lifecycle.generate", positive=True),
+        "benchmark_rounds": _k("int", 3, "rounds of timed benchmarks", positive=True, most=1 << 16),
+        "max_new_tokens": _k("int", 32, "tokens generated by lifecycle.generate", positive=True, most=1 << 20),
         "skip": _k("skip", {}, "check ids to leave out, each with a reason"),
-        "time_limit_s": _k("float", 1800.0, "seconds any one check may run before it fails", positive=True),
+        "time_limit_s": _k("float", 1800.0, "seconds any one check may run before it fails", positive=True,
+                           most=MOST_SECONDS),
         "time_limits": _k("limits", {}, "seconds per check id, e.g. { \"lifecycle.resume\" = 600 }"),
         "max_regression": _k("thresholds", {}, "worst change allowed against --ftready-baseline, per measurement "
                              "kind, e.g. { peak_device_bytes = 0.10, tokens_per_s = 0.10 }", choices=KIND_NAMES),
@@ -193,22 +206,22 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "scan": _k("strs", ["secrets", "pii"], "what to scan for"),
         "scan_paths": _k("paths", [], "artifacts to scan besides the training data"),
         "backups": _k("table", {}, "{ path = ..., encrypted = true }"),
-        "retention_days": _k("int", 0, "days artifacts are kept (0 = not declared)"),
-        "allowlist": _k("path", "", "accepted findings, by fingerprint"),
+        "retention_days": _k("int", 0, "days artifacts are kept (0 = not declared)", most=36_600),
+        "allowlist": _k("path", "", "accepted findings, by fingerprint", must_exist=True),
     },
     "export": {
         "format": _k("choice", "none", "export after training", choices=("none", "safetensors", "gguf")),
     },
     # Multi-GPU readiness (checks/distributed.py, issue 17): the checks apply to recipes with this table.
     "distributed": {
-        "world_size": _k("int", 0, "processes (GPUs) per node; 0 = the visible GPUs (1 on a CPU)"),
+        "world_size": _k("int", 0, "processes (GPUs) per node; 0 = the visible GPUs (1 on a CPU)", most=1 << 16),
         "strategy": _k("choice", "ddp", "data parallel: ddp (replicas) or fsdp (FSDP2 fully_shard)", choices=("ddp", "fsdp")),
         "backend": _k("choice", "auto", "torch.distributed backend; auto = nccl on GPUs, gloo on the CPU",
                       choices=("auto", "nccl", "gloo")),
-        "nnodes": _k("int", 1, "machines in the job (each runs the same command)", positive=True),
+        "nnodes": _k("int", 1, "machines in the job (each runs the same command)", positive=True, most=1 << 16),
         "rdzv_endpoint": _k("str", "", "host:port of the rendezvous; required with nnodes > 1"),
         "timeout_s": _k("float", 300.0, "seconds a collective, or a rank without progress, may wait before the job fails",
-                        positive=True),
+                        positive=True, most=MOST_SECONDS),
         "min_bandwidth_share": _k("share", 0.25, "large-message bus bandwidth below this share of the link's fails"),
         "zero_stage": _k("int", 0, "DeepSpeed ZeRO stage the trainer's config names (0 = none; 1 optimizer states, "
                          "2 + gradients, 3 + parameters sharded)"),
@@ -319,7 +332,7 @@ class _Parser:
                 raise self.fail(where, f"expected {'a positive' if key.positive else 'a non-negative'} integer, got {_describe(raw)}")
             if raw < (1 if key.positive else 0):
                 raise self.fail(where, f"expected {'a positive' if key.positive else 'a non-negative'} integer, got {raw}")
-            return raw
+            return self.at_most(where, raw, key, MOST_INT)
         if kind in ("float", "share"):
             if isinstance(raw, bool) or not isinstance(raw, (int, float)):
                 raise self.fail(where, f"expected a number, got {_describe(raw)}")
@@ -332,7 +345,7 @@ class _Parser:
                 raise self.fail(where, f"expected a positive number, got {raw}")
             if raw < 0:
                 raise self.fail(where, f"expected a non-negative number, got {raw}")
-            return raw
+            return self.at_most(where, raw, key, MOST_FLOAT)
         if kind == "choice":
             if raw not in key.choices:
                 hint = difflib.get_close_matches(str(raw), key.choices, n=1, cutoff=0.5)
@@ -366,13 +379,23 @@ class _Parser:
             return self.skip_value(where, raw)
         if kind == "limits":
             if not isinstance(raw, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf
-                                                    for v in raw.values()):
-                raise self.fail(where, 'expected check ids with positive seconds, e.g. { "lifecycle.resume" = 600 }, '
+                                                    and v <= MOST_SECONDS for v in raw.values()):
+                raise self.fail(where, f'expected check ids with positive seconds up to {MOST_SECONDS:,.0f}, e.g. '
+                                '{ "lifecycle.resume" = 600 }, '
                                 f"got {_describe(raw)}")
             return pmap({k: float(v) for k, v in raw.items()})
         if kind == "thresholds":
             return self.thresholds_value(where, raw, key.choices)
         raise AssertionError(f"unknown key kind {kind}")  # a schema bug, not user input
+
+    def at_most(self, where: str, raw: Any, key: Key, most: Any) -> Any:
+        """``raw`` when within the key's bound, else a RecipeError saying the bound."""
+        most = key.most if key.most is not None else most
+        if raw > most:
+            unit = f" {key.unit}" if key.unit else ""
+            raise self.fail(where, f"expected at most {most:,}{unit}, got {_clip(f'{raw:,}', SHOWN_CHARS)}: "
+                            f"write a value of at most {most:,}")
+        return raw
 
     def path_value(self, where: str, raw: str, key: Key) -> Path | str:
         if raw == "":
@@ -393,6 +416,9 @@ class _Parser:
         if key.must_exist and not (resolved.is_file() or resolved.is_dir()):  # reading a FIFO blocks, a device never ends
             raise self.fail(where, f"{_shown(raw)} is not a regular file (a FIFO, socket or device): write it to a "
                             "file on disk and point the recipe at that file")
+        if pseudo_file_system(resolved):
+            raise self.fail(where, f"{_shown(raw)} lies in a pseudo file system (/proc, /sys, /dev: a process's memory, "
+                            "a device or a kernel table), not a file of yours: point it at a regular file or folder")
         return resolved
 
     def path_values(self, where: str, raw: str, key: Key) -> list:
@@ -421,7 +447,7 @@ class _Parser:
         for name, share in raw.items():
             if name not in kinds:
                 raise self.fail(f"{where}.{name}", "unknown measurement kind" + did_you_mean(name, list(kinds)))
-            if isinstance(share, bool) or not isinstance(share, (int, float)) or share < 0:
+            if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= MOST_FLOAT:
                 raise self.fail(f"{where}.{name}", "expected a non-negative share of change (0.10 = 10% worse), "
                                 f"got {_describe(share)}")
         return pmap({name: float(share) for name, share in raw.items()})
@@ -505,6 +531,10 @@ def _cross_checks(parser: _Parser, t: dict[str, PRecord]) -> None:
     if adapter.method == "none" and model.quantization != "none":
         raise parser.fail("[model] quantization", "a quantized base cannot be fully fine-tuned; "
                           "use [adapter] method = \"lora\" (QLoRA) or quantization = \"none\"")
+    _regex(parser, "[adapter] target_regex", [adapter.target_regex] if adapter.target_regex else [],
+           "peft full-matches it against module names, e.g. \".*\\.(q_proj|v_proj)\"")
+    _regex(parser, "[training] trainable", training.trainable,
+           "each is searched in parameter names, e.g. \"model\\.layers\\.(30|31)\\.\"")
     if adapter.method == "lora" and not adapter.target_modules and not adapter.target_regex:
         raise parser.fail("[adapter] target_modules", "expected at least one module name, e.g. [\"q_proj\", \"v_proj\"]")
     if training.optimizer_in_backward and training.gradient_accumulation_steps > 1:
@@ -526,11 +556,25 @@ def _cross_checks(parser: _Parser, t: dict[str, PRecord]) -> None:
             raise parser.fail("[privacy] backups", f"unknown key {unknown[0]!r}; expected path and encrypted")
         if not isinstance(backups.get("encrypted"), bool) or not isinstance(backups.get("path"), str):
             raise parser.fail("[privacy] backups", "expected { path = \"backups/\", encrypted = true }")
+        parser.path_value("[privacy] backups path", backups["path"], Key(kind="path"))
+    if privacy.allowlist and not Path(privacy.allowlist).is_file():
+        raise parser.fail("[privacy] allowlist", f"{privacy.allowlist} is a folder; point it at a text file of "
+                          "accepted fingerprints, one a line")
     _distributed_checks(parser, t)
     pins = t["pins"].packages
     bad_pins = [k for k, v in pins.items() if not isinstance(v, str)]
     if bad_pins:
         raise parser.fail(f"[pins] packages.{bad_pins[0]}", f"expected a version string like \"2.5.1\", got {_describe(pins[bad_pins[0]])}")
+
+
+def _regex(parser: _Parser, where: str, patterns: Any, example: str) -> None:
+    """Each of ``patterns`` compiles as a Python regular expression, else a RecipeError at ``where``."""
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except (re.error, RecursionError, OverflowError) as exc:
+            raise parser.fail(where, f"{_shown(pattern)} is not a regular expression ({exc}): {example}; "
+                              "escape a literal . ( [ with a backslash") from None
 
 
 def _distributed_checks(parser: _Parser, t: dict[str, PRecord]) -> None:
@@ -565,6 +609,12 @@ def key_location(name: str, path: Path | str, where: str) -> tuple[str, str]:
                               + f": write {tables[0]}.{name} (table.key)")
     every = [f"{t}.{k}" for t, keys in SCHEMA.items() for k in keys] + [k for keys in SCHEMA.values() for k in keys]
     raise RecipeError(path, f"{where} {name}", "unknown recipe key" + did_you_mean(name, every))
+
+
+def validate_value(table: str, key: str, raw: Any, path: Path | str) -> Any:
+    """``raw`` read as ``[table] key`` of the recipe at ``path`` (its kind, bounds and choices),
+    or the RecipeError the file itself would get."""
+    return _Parser(Path(path).resolve()).value(table, key, SCHEMA[table][key], raw)
 
 
 def with_changes(recipe: Recipe, changes: dict[str, Any], where: str = "variant") -> Recipe:

@@ -444,14 +444,23 @@ class RecipeState:
     @fact
     def saved_run(self):
         """The trainer's straight run and its checkpoint at half the steps (trainers.base.SavedRun)."""
-        return self.trainer.saved_run(self.run_inputs())
+        return self.trainer.saved_run(self.rehearsal_inputs())
 
     @fact
     def resume_run(self):
         """The trainer's resume of ``saved_run`` in a fresh process (trainers.base.ResumeRun)."""
         from ..trainers.worker import resume
 
-        return resume(self.trainer, self.run_inputs(), self.saved_run)
+        return resume(self.trainer, self.rehearsal_inputs(), self.saved_run)
+
+    def rehearsal_inputs(self):
+        """``run_inputs`` with the resume rehearsal's recipe (trainers.base.rehearsal_recipe: its
+        accumulation bounded; the fresh process bounds it the same way)."""
+        from dataclasses import replace
+
+        from ..trainers.base import rehearsal_recipe
+
+        return replace(self.run_inputs(), recipe=rehearsal_recipe(self.recipe))
 
     @fact
     def sustained(self):

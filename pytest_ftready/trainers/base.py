@@ -170,8 +170,35 @@ class Bounds:
         return cls(steps, gradient_accumulation_steps=accumulation, micro_batch_size=micro_batch, constant_lr=True)
 
     @classmethod
-    def resume(cls, steps: int) -> "Bounds":
-        return cls(steps, save_steps=steps // 2)
+    def resume(cls, steps: int, recipe=None) -> "Bounds":
+        """The resume rehearsal's run: ``steps`` steps, a checkpoint at half; where the recipe's
+        accumulation is bounded (``rehearsal_recipe``), the bounded count in the trainer's keys."""
+        bounded = recipe is not None and recipe.training.gradient_accumulation_steps >= REHEARSAL_ACCUMULATION
+        return cls(steps, save_steps=steps // 2, gradient_accumulation_steps=REHEARSAL_ACCUMULATION if bounded else None)
+
+
+# Micro-batches per optimizer step of the resume rehearsal, at most: what a resume restores (weights,
+# optimizer and scheduler state, data position, RNG) is the same at any accumulation, and 10,000
+# micro-batches a step would make a few steps run for minutes (issue 47).
+REHEARSAL_ACCUMULATION = 8
+
+
+def rehearsal_recipe(recipe):
+    """The recipe the resume rehearsal runs (in the session and in its fresh process alike): its
+    ``[training] gradient_accumulation_steps`` at most REHEARSAL_ACCUMULATION."""
+    t = recipe.training
+    if t.gradient_accumulation_steps <= REHEARSAL_ACCUMULATION:
+        return recipe
+    return recipe.set("training", t.set("gradient_accumulation_steps", REHEARSAL_ACCUMULATION))
+
+
+def rehearsal_note(recipe) -> str:
+    """What the resume check says of a bounded rehearsal ("" when it runs the recipe's own count)."""
+    count = recipe.training.gradient_accumulation_steps
+    if count <= REHEARSAL_ACCUMULATION:
+        return ""
+    return (f"[training] gradient_accumulation_steps = {count:,}: the rehearsal accumulates {REHEARSAL_ACCUMULATION} "
+            "micro-batches per step (what a resume restores is the same at any count)")
 
 
 ROWS_FILE = "rows.jsonl"  # the rows a trainer's own run reads, written in its run folder
@@ -342,7 +369,9 @@ class Trainer:
         """The uninterrupted run of the resume check: its steps (even) and the examples it reads
         once through; said on the terminal."""
         steps = resume_steps(inputs.recipe)
-        inputs.progress(f"lifecycle.resume: {steps} steps of {self.label}, a checkpoint at step {steps // 2}", True)
+        inputs.progress(f"lifecycle.resume: {steps} steps of {self.label}, a checkpoint at step {steps // 2}"
+                        + (f" ({REHEARSAL_ACCUMULATION} micro-batches a step)"
+                           if inputs.recipe.training.gradient_accumulation_steps == REHEARSAL_ACCUMULATION else ""), True)
         return steps, resume_examples(inputs.recipe, inputs.examples, steps)
 
     def check_saved(self, saved: SavedRun) -> None:

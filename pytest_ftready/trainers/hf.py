@@ -98,7 +98,7 @@ class HFTrainer(Trainer):
         steps, examples = self.straight_run(inputs)
         run = RunRows.of(inputs.scratch / f"{self.name}-resume", examples)
         logger = step_logger()
-        with self.guarded(inputs), self.built(inputs, run, Bounds.resume(steps), [logger]) as built:
+        with self.guarded(inputs), self.built(inputs, run, Bounds.resume(steps, inputs.recipe), [logger]) as built:
             train(built.trainer)
         checkpoint = run.folder / f"checkpoint-{steps // 2}"
         if not checkpoint.is_dir():
@@ -113,7 +113,7 @@ class HFTrainer(Trainer):
         inputs = request.inputs(recipe)
         logger = step_logger()
         with self.guarded(inputs), self.built(inputs, RunRows.resumed(Path(request.folder)),
-                                              Bounds.resume(request.steps), [logger]) as built:
+                                              Bounds.resume(request.steps, recipe), [logger]) as built:
             train(built.trainer, resume_from_checkpoint=request.checkpoint)
         return logger.logs
 

@@ -70,12 +70,13 @@ def main(argv: list[str]) -> int:
     from ..outcomes import Skip
     from ..recipe import load_recipe
     from . import trainer_named
+    from .base import rehearsal_recipe
 
     name, request_json, threads = argv
     torch.set_num_threads(int(threads))
     request = ResumeRequest(**json.loads(request_json))
     try:
-        logs = trainer_named(name).resume_here(request, load_recipe(request.recipe))
+        logs = trainer_named(name).resume_here(request, rehearsal_recipe(load_recipe(request.recipe)))
     except MissingState as exc:
         print(json.dumps({"missing": str(exc)}))
         return 0

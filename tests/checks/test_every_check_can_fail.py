@@ -169,6 +169,19 @@ def _changed_data(kit):
 
 
 # check id -> (plant(kit) -> state or (state, param), a phrase of the failure it must raise)
+def _seeding_numpy_otherwise(kit):  # numpy seeded with another seed than the recipe's
+    import random
+
+    import numpy as np
+    import torch
+
+    from pytest_ftready.engine import batches
+
+    kit.monkeypatch.setattr(batches, "seed_everything", lambda seed: (random.seed(seed), np.random.seed(seed + 1),
+                                                                  torch.manual_seed(seed)))
+    return kit.make_state()
+
+
 PLANTS: dict[str, tuple[Callable, str]] = {
     "repro.environment": (lambda k: k.make_state(machine=dataclasses.replace(
         k.machine, torch=dataclasses.replace(k.machine.torch, version=None))), "torch is not installed"),
@@ -215,7 +228,7 @@ PLANTS: dict[str, tuple[Callable, str]] = {
     "headroom.disk": (lambda k: _small_disk(k.make_state()), "the run writes"),
     "headroom.time": (lambda k: _with_step(k, step_seconds=1e4), "but max_hours is 1.0"),
     "repro.pins": (lambda k: k.recipe_with('[pins]\npackages = { torch = "0.0.1" }'), "differ from the pins"),
-    "repro.config": (lambda k: k.make_state(seed=str(2 ** 32)), "did not reach training's seeding"),
+    "repro.config": (_seeding_numpy_otherwise, "did not reach numpy"),
     "repro.manifest": (_changed_data, "train.jsonl: sha256"),
     "privacy.license": (lambda k: k.make_state(license='"llama3.1"'), "not one of [privacy] licenses"),
     "privacy.permissions": (_world_readable_data, "is reachable by group and others"),

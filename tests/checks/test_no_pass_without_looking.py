@@ -60,10 +60,18 @@ def test_data_lengths_skips_when_the_model_config_cannot_be_read(make_state, run
     assert measured["length_max"] > 0  # what it could look at is recorded
 
 
-def test_a_seed_numpy_cannot_take_fails_repro_config(make_state, run_check):
-    state = make_state(seed=str(2 ** 32))
-    with pytest.raises(Fail, match=r"\[training\] seed = 4294967296 did not reach training's seeding \(ValueError: .*"
-                                   r"write a seed between 0 and 4294967295"):
+def test_a_seeding_that_gives_numpy_another_seed_fails_repro_config(make_state, run_check, monkeypatch):
+    import random
+
+    import numpy as np
+    import torch
+
+    from pytest_ftready.engine import batches
+
+    monkeypatch.setattr(batches, "seed_everything", lambda seed: (random.seed(seed), np.random.seed(seed + 1),
+                                                                  torch.manual_seed(seed)))
+    state = make_state()
+    with pytest.raises(Fail, match=r"\[training\] seed = 42 did not reach numpy: write a seed between 0 and 4294967295"):
         run_check(state, "repro.config")
 
 

@@ -62,6 +62,7 @@ def load_config(path: Path | str, standing_in: Optional[dict] = None) -> Recipe:
                           "same run written as a LLaMA-Factory 0.9 config (model_name_or_path, dataset, stage)")
     module = IMPORTERS[fmt]
     builder = Builder(path, raw, fmt, module.TITLE)
+    builder.note_unexpanded()
     module.translate(builder)
     return builder.finish(standing_in)
 

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional
 
 from pyrsistent import freeze, pmap, thaw
 
-from ..schema import SCHEMA, TOP_KEYS, Recipe, RecipeError, did_you_mean, validate_recipe
+from ..schema import MAX_RECIPE_BYTES, SCHEMA, TOP_KEYS, Recipe, RecipeError, _shown, did_you_mean, validate_recipe
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -22,6 +22,8 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 SIDE_TOML = "ftready.toml"
+INTEGER_TEXT = re.compile(r"^[+-]?\d+(\.0*)?([eE]\+?\d+)?$")  # a count as YAML may leave it: "10", "1e3", "8.0"
+MAX_CONFIG_INT = 1 << 53  # counts past this are no run's (and floats stop being exact)
 # A model named by a path rather than a hub id ("org/name"): absolute, home- or dot-relative,
 # a Windows drive, a trailing slash, or more than one folder deep.
 LOCAL_LOOKING = re.compile(r"^(/|~|\.{1,2}[/\\]|[A-Za-z]:[/\\])|[/\\]$|\\|^[^/]+/[^/]+/")
@@ -144,6 +146,16 @@ class Builder:
         # side file has said where the model is
         self.every_linear = None
 
+    def note_unexpanded(self) -> None:
+        """A caveat for each top-level key whose value holds an environment reference (``${HOME}``,
+        ``$DATA_DIR``): YAML does not expand them and neither do the checks."""
+        for key, value in self.raw.items():
+            found = unexpanded(value)
+            if found:
+                self.caveat(str(key), f"holds {', '.join(found[:3])}, left unexpanded: the checks read the text as "
+                            "written (YAML expands no environment variables); write the value itself, or set it in "
+                            f"{SIDE_TOML}")
+
     def put(self, source: str, table: str, key: str, value: Any) -> None:
         self.tables.setdefault(table, {})[key] = value
         self.mapped.append((source, f"[{table}] {key}"))
@@ -164,6 +176,22 @@ class Builder:
 
     def fail(self, source: str, message: str) -> RecipeError:
         return RecipeError(self.path, source, message)
+
+    def integer(self, source: str, value: Any, expected: str, low: int = 0, high: int = MAX_CONFIG_INT) -> int:
+        """``value`` as the trainer reads a count (an int, a whole float, or either written as
+        text), within ``low``..``high``; anything else is a RecipeError naming ``source`` and
+        what ``expected`` says it should be."""
+        number = value
+        if isinstance(value, str) and INTEGER_TEXT.match(value.strip()):
+            number = float(value.strip())
+        if isinstance(number, float) and number.is_integer():
+            number = int(number)
+        if isinstance(number, bool) or not isinstance(number, int):
+            raise self.fail(source, f"expected {expected}, got {_shown(value)}: write a whole number")
+        if not low <= number <= high:
+            raise self.fail(source, f"expected {expected} between {low:,} and {high:,}, got {_shown(number)}: "
+                            "write a number in that range")
+        return number
 
     def local_path(self, raw: str) -> Path:
         """A path as the trainer would read it when launched from the config's folder."""
@@ -187,6 +215,11 @@ class Builder:
         names it unless the side file points [model] path at a local copy."""
         if not isinstance(name, str) or not name:
             raise self.fail(source, f"expected a model id or folder, got {name!r}")
+        found = unexpanded(name)
+        if found and not self.local_path(name).is_dir():
+            raise self.fail(source.split(" ")[0], f"{name!r} holds {', '.join(found)}, left unexpanded (YAML expands no "
+                            "environment variables, nor do the checks): write the model's folder or hub id itself, or "
+                            f"[model] path = \"path/to/model\" in {self.path.stem}.{SIDE_TOML} or {SIDE_TOML}")
         if self.local_path(name).is_dir():
             self.put(source, "model", "path", name)
         elif LOCAL_LOOKING.search(name):
@@ -227,7 +260,7 @@ class Builder:
         if self.every_linear is not None and not (side and "target_modules" in read_side_toml(side).get("adapter", {})):
             self.every_linear.resolve(self)
         if not self.tables.get("data", {}).get("train"):
-            notes = "; ".join(c for c in self.caveats if "local" in c or "left out" in c)
+            notes = "; ".join(c for c in self.caveats if "local" in c or "left out" in c or "not found" in c)
             raise SideFileNeeded(self.path, "[data] train", "no local training file in this config"
                                  + (f" ({notes})" if notes else "") + f"; the checks read local rows: write [data] "
                                  f"train = [\"path/to/train.jsonl\"] in {self.path.stem}.{SIDE_TOML} or {SIDE_TOML} "
@@ -278,6 +311,24 @@ class Builder:
         return overridden
 
 
+ENV_REFERENCE = re.compile(r"\$\{[A-Za-z_][^}]*\}|\$[A-Z_][A-Z0-9_]*\b")
+
+
+def unexpanded(value: Any) -> list[str]:
+    """The environment references (``${NAME}``, ``$NAME``) in the strings of ``value``, in order, each once."""
+    found: dict[str, None] = {}
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            found.update((m, None) for m in ENV_REFERENCE.findall(item))
+        elif isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+    return list(found)
+
+
 def _name(stem: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "-" for c in stem).lstrip("._-") or "recipe"
 
@@ -300,18 +351,103 @@ def read_side_toml(side: Path) -> dict:
     for key in raw:
         if key not in SCHEMA and key not in TOP_KEYS:
             raise RecipeError(side, key, "unknown table or key" + did_you_mean(key, [*SCHEMA, *TOP_KEYS]))
+        if key in SCHEMA and not isinstance(raw[key], dict):
+            raise RecipeError(side, key, f"expected a table ([{key}] with its keys below it), got {_shown(raw[key])}: "
+                              f"write [{key}] on a line of its own and its keys under it")
     return raw
+
+
+MAX_YAML_BYTES = MAX_RECIPE_BYTES  # a config is a page of settings, like a recipe
+# What a YAML document may hold once its aliases are expanded (nodes plus the characters of its
+# values): a config of a few hundred keys holds a few thousand; a "billion laughs" alias bomb
+# holds billions, and walking it (freezing, comparing, handing it on) exhausts memory.
+MAX_YAML_EXPANDED = 4 * MAX_YAML_BYTES
+
+
+def read_yaml_text(path: Path) -> str:
+    """The text of the YAML file at ``path``: a regular file of at most MAX_YAML_BYTES, else a
+    RecipeError naming it (a FIFO would block the read, a device never ends)."""
+    try:
+        if path.exists() and not path.is_file():
+            what = "a folder" if path.is_dir() else "not a regular file (a FIFO, socket or device)"
+            raise RecipeError(path, "", f"is {what}; pass the path of a YAML config file")
+        size = path.stat().st_size
+        if size > MAX_YAML_BYTES:
+            raise RecipeError(path, "", f"holds {size:,} bytes, more than the {MAX_YAML_BYTES:,} a config may: "
+                              "pass the trainer's config, not a data or model file")
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecipeError(path, "", "file not found; pass --ftready=PATH to an existing config") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError(path, "", f"cannot be read: {exc}") from None
+
+
+def safe_yaml(text: str, path: Path) -> Any:
+    """The one YAML reader of the plugin: ``yaml.safe_load`` of ``text`` (the file at ``path``),
+    refusing with a RecipeError naming the file a document larger than MAX_YAML_BYTES, one
+    whose aliases expand past MAX_YAML_EXPANDED (an alias bomb), an alias that contains itself,
+    or nesting deeper than Python can follow. A syntax error stays a ``yaml.YAMLError`` (each
+    caller words it, or falls back)."""
+    import yaml
+
+    if len(text) > MAX_YAML_BYTES:
+        raise RecipeError(path, "", f"holds {len(text):,} characters, more than the {MAX_YAML_BYTES:,} a config may: "
+                          "pass the trainer's config, not a data or model file")
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node, path)
+        return loader.construct_document(node)
+    except RecursionError:
+        raise RecipeError(path, "", "nests its lists and mappings deeper than the reader can follow: "
+                          "a config is a few levels deep; write it flat") from None
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(root: Any, path: Path) -> int:
+    """Nodes plus value characters of the document under ``root`` with every alias expanded,
+    counted without expanding (each node once), up to MAX_YAML_EXPANDED."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, closing = stack.pop()
+        key = id(node)
+        children = _yaml_children(node)
+        if closing:
+            open_nodes.discard(key)
+            sizes[key] = 1 + (len(node.value) if isinstance(node.value, str) else 0) + sum(sizes[id(c)] for c in children)
+            if sizes[key] > MAX_YAML_EXPANDED:
+                raise RecipeError(path, "", f"its aliases (*name) expand to more than {MAX_YAML_EXPANDED:,} values "
+                                  "and characters (an alias bomb?): a config repeats a few settings at most; "
+                                  "write the values out, or use fewer nested aliases")
+            continue
+        if key in sizes:
+            continue
+        if key in open_nodes:
+            raise RecipeError(path, "", f"an alias (*name) at line {node.start_mark.line + 1} refers to a list or "
+                              "mapping that contains it, which never ends when expanded: remove the alias")
+        open_nodes.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in sizes)
+    return sizes[id(root)]
+
+
+def _yaml_children(node: Any) -> list:
+    if isinstance(node.value, list):  # a sequence's nodes, a mapping's (key, value) pairs
+        return [part for item in node.value for part in (item if isinstance(item, tuple) else (item,))]
+    return []
 
 
 def read_yaml(path: Path) -> dict:
     import yaml
 
+    text = read_yaml_text(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RecipeError(path, "", "file not found; pass --ftready=PATH to an existing config") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RecipeError(path, "", f"cannot be read: {exc}") from None
+        raw = safe_yaml(text, path)
     except yaml.YAMLError as exc:
         first = str(exc).strip().splitlines()
         raise RecipeError(path, "", f"not valid YAML: {' '.join(first[:3])}") from None

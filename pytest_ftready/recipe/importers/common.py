@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional
 
-from .base import Builder
+from .base import Builder, read_side_toml, safe_yaml, side_toml
 from .modules import LLAMA_LINEAR, EveryLinear
 
 if sys.version_info >= (3, 11):
@@ -92,13 +92,22 @@ def chat_template_value(b: Builder, source: str, value: Any) -> None:
         b.caveat(source, f"{text!r} is neither a local template file nor template text: the checks use the "
                  "tokenizer's own template; set [data] chat_template in ftready.toml")
         return
-    folder = b.folder / ".ftready" / "templates"
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / f"{b.path.stem}.{source.split(' ')[0]}.jinja"
-    if not target.is_file() or target.read_text(encoding="utf-8") != text:
-        partial = target.with_suffix(".partial")
-        partial.write_text(text, encoding="utf-8")
-        partial.replace(target)
+    from ...files import write_private
+
+    target = b.folder / ".ftready" / "templates" / f"{b.path.stem}.{source.split(' ')[0]}.jinja"
+    try:
+        if not target.is_file() or target.read_text(encoding="utf-8") != text:
+            write_private(target, text)  # atomic: never a half-written template
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        side = side_toml(b.path)
+        if side is not None and "chat_template" in (read_side_toml(side).get("data") or {}):
+            b.caveat(source, f"the inline template cannot be saved as {target} ({reason}): the side file's [data] "
+                     "chat_template is the one the checks render with")
+            return
+        raise b.fail(source.split(" ")[0], f"its inline chat template cannot be saved as {target} ({reason}), where "
+                     f"the checks render with it: make {b.folder} writable for this user, or save the template as "
+                     "a .jinja file and write [data] chat_template = \"that.jinja\" in ftready.toml") from None
     b.put(f"{source} (inline template, saved as {target.relative_to(b.folder)})", "data", "chat_template", str(target))
 
 
@@ -119,9 +128,13 @@ def distributed_deepspeed(b: Builder, source: str, value: Any) -> None:
             config, how = bundled_deepspeed(str(value))
     if isinstance(config, dict):
         zero = config.get("zero_optimization") or {}
-        stage = int(zero.get("stage", 0) or 0)
+        if not isinstance(zero, dict):
+            raise b.fail(f"{source} zero_optimization", f"expected a mapping like {{\"stage\": 2}}, got "
+                         f"{type(zero).__name__}: write DeepSpeed's zero_optimization section as a mapping")
+        stage = b.integer(f"{source} zero_optimization.stage" + (f" (in {how})" if how != "inline" else ""),
+                          zero.get("stage", 0) or 0, "a DeepSpeed ZeRO stage", high=3)
         offload = [part for part, key in (("optimizer", "offload_optimizer"), ("parameters", "offload_param"))
-                   if str((zero.get(key) or {}).get("device", "none")).lower() in ("cpu", "nvme")]
+                   if _offload_device(zero.get(key)) in ("cpu", "nvme")]
     else:  # neither a file here nor one the trainers ship: read from its name
         name = Path(str(value)).name.lower()
         match = re.search(r"(?:zero|z)_?(\d)", name)
@@ -138,6 +151,11 @@ def distributed_deepspeed(b: Builder, source: str, value: Any) -> None:
     if stage:
         b.caveat(source, memory=True, text=f"ZeRO-{stage} shards the {ZERO_SHARDS[stage]} across the GPUs: where the forecast does not "
                  "model the sharding, the single-device memory checks over-count them by up to (1 - 1/world_size)")
+
+
+def _offload_device(section: Any) -> str:
+    """The device of a DeepSpeed offload section ({"device": "cpu"}), "none" when unset or not a mapping."""
+    return str(section.get("device", "none")).lower() if isinstance(section, dict) else "none"
 
 
 BUNDLED_ROOTS = {"axolotl": 2, "llamafactory": 2}  # src/<package>/__init__.py: the checkout is two folders up
@@ -206,7 +224,7 @@ def read_accelerate(b: Builder, value: str, bundled: Optional[str] = None) -> Op
     path = b.local_path(value)
     try:
         text = path.read_text(encoding="utf-8") if path.is_file() else bundled
-        config = yaml.safe_load(text) if text else None
+        config = safe_yaml(text, path) if text else None
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
     return config if isinstance(config, dict) else None
@@ -223,6 +241,9 @@ def accelerate_settings(b: Builder, source: str, value: Any, config: Optional[di
     kind = str(config.get("distributed_type", "NO")).upper()
     if kind == "DEEPSPEED":
         ds = config.get("deepspeed_config") or {}
+        if not isinstance(ds, dict):
+            raise b.fail(f"{source} deepspeed_config", f"expected a mapping like {{zero_stage: 2}}, got "
+                         f"{type(ds).__name__}: write accelerate's deepspeed_config section as a mapping")
         zero = {"stage": ds.get("zero_stage", 0)}
         for part in ("optimizer", "param"):
             zero[f"offload_{part}"] = {"device": ds.get(f"offload_{part}_device", "none")}
@@ -277,7 +298,8 @@ def _save_steps(b: Builder, row, name: str, value: Any, default: bool) -> None:
         b.caveat(name.split(" ")[0], f"{value} of the total steps between checkpoints: headroom.disk counts "
                  "save_total_limit checkpoints whatever the cadence; [training] save_steps keeps its default")
     else:
-        b.put(name, "training", "save_steps", int(float(value)))
+        b.put(name, "training", "save_steps", b.integer(name.split(" ")[0], value, "optimizer steps between checkpoints "
+                                                         "(or a fraction below 1 of the total)", low=1))
 
 
 def _warmup(b: Builder, row, name: str, value: Any, default: bool) -> None:
@@ -286,7 +308,8 @@ def _warmup(b: Builder, row, name: str, value: Any, default: bool) -> None:
         b.caveat(name.split(" ")[0], f"{value} of the total steps as warm-up (a ratio): model.overfit warms up "
                  "with [training] warmup_steps, which keeps 0")
     else:
-        b.put(name, "training", "warmup_steps", int(value))
+        b.put(name, "training", "warmup_steps", b.integer(name.split(" ")[0], value, "warm-up optimizer steps "
+                                                           "(or a ratio between 0 and 1)"))
 
 
 def _save_total_limit(b: Builder, row, name: str, value: Any, default: bool) -> None:

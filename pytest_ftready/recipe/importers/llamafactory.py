@@ -158,7 +158,11 @@ def _finetuning(b: Builder) -> None:
         raise b.fail("finetuning_type", f"expected lora, oft, freeze or full, got {kind!r}")
     if kind != "freeze":
         return
-    layers = int(b.raw.get("freeze_trainable_layers", 2))
+    layers = b.integer("freeze_trainable_layers", b.raw.get("freeze_trainable_layers", 2), "a layer count (n > 0: the "
+                       "last n layers, n < 0: the first -n)", low=-(1 << 20), high=1 << 20)
+    if layers == 0:
+        raise b.fail("freeze_trainable_layers", "expected a layer count other than 0 (n > 0: the last n layers, n < 0: "
+                     "the first -n), got 0: write how many layers freeze tuning trains")
     modules = str(b.raw.get("freeze_trainable_modules", "all"))
     total = _layer_count(b)
     if b.raw.get("use_llama_pro"):
@@ -194,6 +198,12 @@ def _data(b: Builder) -> None:
     names = b.raw.get("dataset")
     if isinstance(names, str):
         names = [n.strip() for n in names.split(",") if n.strip()]
+    if names and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        raise b.fail("dataset", f"expected dataset names of dataset_info.json (\"my_chats\" or \"a,b\" or a list), "
+                     f"got {type(names).__name__}: write dataset: my_chats")
+    if not isinstance(b.raw.get("dataset_dir") or DATASET_DIR, str):
+        raise b.fail("dataset_dir", f"expected the folder holding dataset_info.json (a path), got "
+                     f"{type(b.raw['dataset_dir']).__name__}: write dataset_dir: data")
     if not names:
         what = "" if b.raw.get("do_train") else " (no do_train either: an inference, evaluation or export config?)"
         raise b.fail("dataset", f"missing{what}; a training config names the datasets of dataset_info.json, "
@@ -221,8 +231,20 @@ def _data(b: Builder) -> None:
     for name in names if info is not None else []:
         where = f"dataset {name!r}"
         entry = info.get(name)
+        if name in info and not isinstance(entry, dict):
+            raise b.fail("dataset", f"{info_path.name} {name}: expected a mapping like {{\"file_name\": "
+                         f"\"chats.jsonl\", \"formatting\": \"sharegpt\"}}, got {type(entry).__name__}: write "
+                         "the dataset's description as LLaMA-Factory's data/README describes it")
         if not isinstance(entry, dict):
             raise b.fail("dataset", f"{name!r} is not described in {info_path}; known: {', '.join(sorted(info))}")
+        if not isinstance(entry.get("file_name", ""), str):
+            raise b.fail("dataset", f"{info_path.name} {name}.file_name: expected a file name (a string), got "
+                         f"{type(entry['file_name']).__name__}: write the rows' file, relative to {folder}")
+        for part in ("columns", "tags"):
+            if not isinstance(entry.get(part, {}), dict):
+                raise b.fail("dataset", f"{info_path.name} {name}.{part}: expected a mapping like "
+                             f"{{\"messages\": \"conversations\"}}, got {type(entry[part]).__name__}: write "
+                             f"{part} as LLaMA-Factory's data/README describes it")
         media = [c for c in MEDIA_COLUMNS if c in entry.get("columns", {})]
         if media:
             raise b.fail("dataset", f"{name!r} has {', '.join(media)} columns in {info_path.name}: multimodal "

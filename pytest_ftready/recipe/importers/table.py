@@ -34,6 +34,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from ..schema import _clip, _shown
 from .base import Builder
 from .common import NUMBER
 
@@ -361,7 +362,14 @@ def _unknown(b: Builder, table: KeyTable, key: str) -> None:
 
 def _translate(b: Builder, row: Row, name: str, value: Any, handlers: dict[str, Handler], default: bool) -> None:
     if row.how:
-        handlers[row.how](b, row, name, value, default)
+        try:
+            handlers[row.how](b, row, name, value, default)
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError) as exc:
+            # a value of a shape the handler does not expect (a number where a list belongs ...)
+            key = name.split(" ")[0]
+            raise b.fail(key, f"{_shown(value)} ({type(value).__name__}) cannot be read as this key's value: "
+                         f"{row.does} ({type(exc).__name__}: {_clip(str(exc), 80)}); write it as the trainer "
+                         f"documents it ({row.source})") from None
     else:
         try:
             converted = convert(row, value)

@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional
 
-from .base import Builder, first_row, row_format
+from .base import Builder, first_row, row_format, safe_yaml
 from .common import (SHARED_HANDLERS, accelerate_settings, chat_template_value, lora_targets, peft_default_targets,
                      read_accelerate)
 from .table import Row, read_config
@@ -144,7 +144,7 @@ def _spectrum(b: Builder, row, name: str, value: Any, default: bool) -> None:
 
     path = b.local_path(str(value))
     try:
-        listed = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("unfrozen_parameters")
+        listed = (safe_yaml(path.read_text(encoding="utf-8"), path) or {}).get("unfrozen_parameters")
     except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
         listed = None
     if isinstance(listed, list) and listed and all(isinstance(p, str) for p in listed):
