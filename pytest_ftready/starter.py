@@ -216,13 +216,14 @@ def read_for_side_file(config: Path, revision: str = "") -> tuple[Any, dict]:
     """The config read as pytest --ftready would, with what its side file must give standing in:
     (the recipe, {(table, key): the error that asked for it}). A config wrong in any other way
     raises its RecipeError."""
-    from .recipe.importers import SideFileNeeded, load_config
+    from .recipe import load_recipe
+    from .recipe.importers import SideFileNeeded
 
     standing_in: dict = {"model": {"revision": revision}} if revision else {}
     needed: dict = {}
     while True:
         try:
-            return load_config(config, standing_in), needed
+            return load_recipe(config, standing_in), needed
         except SideFileNeeded as exc:
             if exc.fixes in needed or (exc.fixes == ("model", "revision") and revision):
                 raise

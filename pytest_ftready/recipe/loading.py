@@ -4,18 +4,20 @@ importers (a trainer's YAML config), so that neither needs the other's loader.""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from .importers import load_config
 from .schema import MAX_RECIPE_BYTES, SHOWN_CHARS, Recipe, RecipeError, _clip, parse_recipe
 
 
-def load_recipe(path: Path | str) -> Recipe:
+def load_recipe(path: Path | str, standing_in: Optional[dict] = None) -> Recipe:
     """Read and validate the recipe file at ``path``: a recipe.toml through the schema, a trainer's
-    YAML config (TRL, Axolotl, LLaMA-Factory) through ``recipe.importers``. Whatever the file
-    holds, the only error is a one-line RecipeError naming it: a value of a shape no reader
-    expected ends here too, never as a traceback (or a pytest INTERNALERROR in the report header)."""
+    YAML config (TRL, Axolotl, LLaMA-Factory) through ``recipe.importers`` (``standing_in``: its
+    side-file keys not yet written, ``importers.load_config``). Whatever the file holds, the only
+    error is a one-line RecipeError naming it: a value of a shape no reader expected ends here
+    too, never as a traceback (or a pytest INTERNALERROR in the report header)."""
     try:
-        return _load(Path(path))
+        return _load(Path(path), standing_in)
     except RecipeError:
         raise
     except Exception as exc:  # noqa: BLE001 - the backstop under every reader's own messages
@@ -25,9 +27,9 @@ def load_recipe(path: Path | str) -> Recipe:
                           "gets its own message") from None
 
 
-def _load(path: Path) -> Recipe:
+def _load(path: Path, standing_in: Optional[dict] = None) -> Recipe:
     if path.suffix.lower() in (".yaml", ".yml"):  # TRL / Axolotl / LLaMA-Factory config
-        return load_config(path)
+        return load_config(path, standing_in)
     try:
         if path.exists() and not path.is_file():  # a FIFO would block the read forever; a device never ends
             what = "a folder" if path.is_dir() else "not a regular file (a FIFO, socket or device)"
