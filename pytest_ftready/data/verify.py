@@ -10,20 +10,25 @@ which of them train, and the flag that stops a turn training."""
 from __future__ import annotations
 
 import operator
+import re
 from bisect import bisect_left
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 
 IGNORE_INDEX = -100
 
 
 def verify_turns(chat, text: str, offsets, trained: list[bool], train_on: str,
-                 starts: Optional[Sequence[int]] = None) -> list[tuple[str, str]]:
+                 starts: Optional[Sequence[int]] = None, prompt_ends: Mapping[int, int] = {},
+                 supplied: Optional[list[int]] = None) -> list[tuple[str, str]]:
     """Independent of how the spans were found: locate each message's content in the render and
     compare what is trained with what the row asks for (its responses, its training flags).
     ``starts``: the tokens' start characters, when the caller knows that every token has
     characters and that they never go back (then they are not checked again, and ``offsets``
-    may be None)."""
+    may be None). ``prompt_ends``: per trained message, where its inference prompt
+    (add_generation_prompt=True) ends in ``text``: tokens of the message that start before it
+    are the prompt's (a reasoning template's ``<think>``), never generated, so not required to
+    train; their indices are added to ``supplied`` when given."""
     if starts is None:
         starts, ends = (list(column) for column in zip(*offsets)) if len(offsets) else ([], [])
         if not all(map(operator.lt, starts, ends)):  # tokens without characters are found nowhere
@@ -51,6 +56,11 @@ def verify_turns(chat, text: str, offsets, trained: list[bool], train_on: str,
         cursor = at + len(content)
         lo = bisect_left(sorted_starts, at)
         hi = bisect_left(sorted_starts, cursor)
+        if i in turns and prompt_ends.get(i, at) > at:  # the inference prompt holds the content's start
+            given = min(bisect_left(sorted_starts, prompt_ends[i]), hi)
+            if supplied is not None:
+                supplied.extend(range(lo, given) if order is None else (order[k] for k in range(lo, given)))
+            lo = given
         if hi <= lo:
             continue
         flags = trained[lo:hi] if order is None else [trained[order[k]] for k in range(lo, hi)]
@@ -160,11 +170,34 @@ def _tool_name(item) -> str:
     return name if isinstance(name, str) else ""
 
 
-def dropped_tools(chat, text: str) -> list[tuple[str, str]]:
-    """Tool calls and tool schemas of the row that the rendered text does not hold (templates
-    without tool support drop them silently): the model would never be trained on them."""
+def content_texts(content) -> list[str]:
+    """The text a message's content holds: the string, or the text of each text part."""
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)]
+    return []
+
+
+_MARKUP = re.compile(r"<[^<>\n]{1,40}>|\n")  # tags (<think>) and line ends: where templates take contents apart
+
+
+def _reaches(content: str, text: str) -> bool:
+    """Whether ``content`` shows in the render: whole, or (a template that rewrites it: trims it,
+    takes its reasoning apart) any of its pieces between tags and line ends."""
+    return content in text or any(piece.strip() in text for piece in _MARKUP.split(content) if piece.strip())
+
+
+def dropped_by_template(chat, text: str) -> list[tuple[str, str]]:
+    """What of the row the rendered text does not hold (templates drop silently what they have no
+    branch for): a message whose content shows nowhere in it (a system message under a template
+    without a system branch), tool calls, tool schemas. The model would never see or learn them."""
     problems = []
     for label, message in zip(chat.labels, chat.messages):
+        contents = [c for c in content_texts(message.get("content")) if c.strip()]
+        if contents and not any(_reaches(c, text) for c in contents):
+            problems.append(("message_dropped", f"the chat template drops {label} ({message.get('role')}): "
+                             "its content is nowhere in the rendered text"))
         calls = message.get("tool_calls") or []
         missing = [name for name in map(_tool_name, calls) if name and name not in text]
         if missing:
