@@ -97,8 +97,9 @@ def data_format(ctx) -> None:
 
 @check("data.template", stage=STAGES["data"] + 1)
 def data_template(ctx) -> None:
-    """The chat template is found and renders every conversation; inference prompt is a prefix; BOS once
-    in every row (plain prompt/completion and text rows use no template: only BOS is checked)."""
+    """The chat template is found and renders every conversation, every message of it; the inference
+    prompt is a prefix and holds the assistant header; BOS once in every row (plain prompt/completion
+    and text rows use no template: only BOS is checked)."""
     recipe = ctx.recipe
     digest = encoded_rows(ctx, "render")
     # A conversation is a row of a chat layout, whichever pipeline (built-in, a trainer's) encoded it.

@@ -1,7 +1,8 @@
 """Independent verification of labels, whoever made them (the built-in encoder, TRL's
 SFTTrainer, a team's own formatting function): each message's content is located in the
 rendered text of the example; user/system tokens must carry no loss, every token of a trained
-assistant turn must, and every trained span must end with a stop token. Truncation is
+assistant turn must (but those its inference prompt already holds), and every trained span must
+end with a stop token. Truncation is
 accounted for: content cut off by ``max_length`` is not located, so it is not judged.
 
 Imports nothing of the package; no torch. A conversation is a ``layouts.Chat``: its messages,
@@ -144,7 +145,7 @@ def judge_labels(tokenizer, sample, train_on: str, ids: Sequence[int], labels: S
                          f"{wrong[0]}): labels must be input_ids with -100 where no loss is taken; the model shifts"))
     if hasattr(sample, "messages") and train_on != "all":  # a conversation (layouts.Chat): judge each turn
         text, offsets = text_and_offsets(tokenizer, ids)
-        problems += verify_turns(sample, text, offsets, trained, train_on)
+        problems += verify_turns(sample, text, offsets, trained, train_on, prompt_ends=prompt_ends(tokenizer, sample, text))
     known = full_length is not None
     truncated = (full_length > len(ids)) if known else (max_length is not None and len(ids) >= max_length)
     spans = runs(trained)
@@ -159,6 +160,25 @@ def judge_labels(tokenizer, sample, train_on: str, ids: Sequence[int], labels: S
     elif truncated:
         problems.append(("truncated_part", f"max_length cuts this row to {len(ids)} tokens ({was})"))
     return problems
+
+
+def prompt_ends(tokenizer, chat, text: str) -> dict[int, int]:
+    """Per trained message of ``chat``, where its inference prompt (the chat template's render of
+    the messages before it with add_generation_prompt=True) ends in ``text``, the decoded training
+    sequence; a prompt that does not start ``text`` (after the tokenizer's BOS) is left out."""
+    ends = {}
+    bos = tokenizer.bos_token or ""
+    for i in chat.trained:
+        try:
+            prompt = tokenizer.apply_chat_template(list(chat.messages[:i]), tools=list(chat.tools) if chat.tools else None,
+                                                   add_generation_prompt=True, tokenize=False)
+        except Exception:  # the template's errors are data.template's to report
+            continue
+        if isinstance(prompt, str) and prompt and text.startswith(prompt):
+            ends[i] = len(prompt)
+        elif isinstance(prompt, str) and prompt and bos and text.startswith(bos + prompt):
+            ends[i] = len(bos) + len(prompt)
+    return ends
 
 
 def _tool_name(item) -> str:
