@@ -153,3 +153,80 @@ def test_phi3_gguf_template_dropping_a_message_names_it(tokenizers, dropped, rol
     assert ("message_dropped", f"the chat template drops {label} ({role}): its content is nowhere in the "
             "rendered text") in encoded.problems
     assert encode(enc, rest).problems == ()  # the same template with nothing to drop
+
+
+SPLICED = {"llama-3.1": ("Llama-3.1-8B-Instruct.jinja", "<|eot_id|>"),
+           "mistral-nemo": ("Mistral-Nemo-Instruct-2407.jinja", "</s>")}
+
+
+@pytest.mark.parametrize("name", list(SPLICED))
+def test_llama_and_mistral_templates_take_the_fast_path_and_splice_exactly(name):
+    """Their constructs ('tool_calls' in message, message == user_messages[-1], a tool result's
+    content | tojson) are proved or probed, and the spliced rows equal the row-by-row ones."""
+    from pytest_ftready.data.layouts import row_problems
+    from pytest_ftready.data.skeleton import opaque
+    from pytest_ftready.tiny import build_tokenizer
+    from tests.data.test_skeleton import SPLICE_ROWS, variants
+
+    file, eos = SPLICED[name]
+    template = (TEMPLATES / file).read_text()
+    assert opaque(template)
+    tool_turns = {"messages": [{"role": "user", "content": "Weather in Oslo?"},
+                               {"role": "assistant", "content": "Let me look."},
+                               {"role": "user", "content": "Weather in Oslo?"},  # equal to an earlier message
+                               {"role": "assistant", "content": "Sunny."},
+                               {"role": "tool", "content": "{\"sky\": \"clear\"}\n", "tool_call_id": "abcdefghi"},
+                               {"role": "user", "content": "Thanks"}, {"role": "assistant", "content": "You're welcome."}]}
+    rows = [Row("t.jsonl", n, variants(data, k)) for n, (k, data) in enumerate(
+        (k, data) for k in range(2) for data in SPLICE_ROWS + [tool_turns])]
+    spliced = 0
+    for train_on in ("assistant", "last_assistant"):
+        tok = build_tokenizer(template, eos=eos, bos="<s>" if eos == "</s>" else "<|begin_of_text|>")
+        enc = Encoder(tok, SimpleNamespace(format="auto", train_on=train_on, max_length=512, add_special_tokens=False),
+                      stop_token_ids(tok))
+        assert enc.splicer is not None
+        pairs = [(row, read_sample(row, "auto", train_on)[0]) for row in rows if not row_problems(row, "auto", train_on)]
+        assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs], train_on
+        spliced += sum(1 for _, s in pairs if hasattr(s, "messages")
+                       and enc.splicer.splice(s, enc.render, None) is not None)
+    assert spliced > 20, spliced
+
+
+LOOP = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+END = "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+
+
+@pytest.mark.parametrize("use, proved", [
+    ("{% if 'tool_calls' in m %}T{% endif %}{{ m.content }}", True),
+    ("{% if 'weight' not in m %}{{ m.content }}{% endif %}", True),
+    ("{% if m == messages[-1] %}L{% endif %}{{ m['content'] }}", True),
+    ("{% if m.content.content is defined %}{{ m.content.content }}{% else %}{{ m.content }}{% endif %}", True),
+    ("{% if m.content.upper is defined %}U{% endif %}{{ m.content }}", True),
+    ("{{ m.content | tojson }}", True),  # proved opaque but escaping: the probe render sends such rows row by row
+    ("{% if 'x' in m.content %}X{% endif %}", False),
+    ("{% if m.content == messages[0].content %}S{% endif %}", False),
+    ("{% if m == 'hi' %}S{% endif %}", False),
+    ("{{ m.content.upper() }}", False),
+    ("{{ m.content | tojson(indent=2) }}", False),
+], ids=lambda value: str(value)[:40])
+def test_structure_only_constructs_are_proved_and_content_uses_refused(use, proved):
+    from pytest_ftready.data.skeleton import opaque
+
+    assert opaque(LOOP + use + END) is proved
+
+
+@pytest.mark.parametrize("use", ["{{ m.content | tojson }}", "{% if m == messages[0] %}F{% endif %}{{ m['content'] }}"])
+def test_escaping_and_equal_messages_splice_exactly_or_go_row_by_row(use):
+    from pytest_ftready.tiny import build_tokenizer
+
+    tok = build_tokenizer(LOOP + use + END)
+    enc = Encoder(tok, SimpleNamespace(format="messages", train_on="assistant", max_length=512, add_special_tokens=False),
+                  stop_token_ids(tok))
+    same = [{"role": "user", "content": "say \"hi\"\n"}, {"role": "assistant", "content": "hi"},
+            {"role": "user", "content": "say \"hi\"\n"}, {"role": "assistant", "content": "hi"}]
+    rows = [Row("t.jsonl", 1, {"messages": same}), Row("t.jsonl", 2, {"messages": same[:2] + [
+        {"role": "user", "content": "again"}, {"role": "assistant", "content": "hi"}]})]
+    pairs = [(row, read_sample(row, "messages", "assistant")[0]) for row in rows]
+    assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
+    taken = [enc.splicer.splice(s, enc.render, None) is not None for _, s in pairs]
+    assert taken == ([False, False] if "tojson" in use else [True, True])
