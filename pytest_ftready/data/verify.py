@@ -213,9 +213,13 @@ def dropped_by_template(chat, text: str) -> list[tuple[str, str]]:
     branch for): a message whose content shows nowhere in it (a system message under a template
     without a system branch), tool calls, tool schemas. The model would never see or learn them."""
     problems = []
+    cursor = 0  # contents come in order: each is looked for after the one before (linear in a long row)
     for label, message in zip(chat.labels, chat.messages):
         contents = [c for c in content_texts(message.get("content")) if c.strip()]
-        if contents and not any(_reaches(c, text) for c in contents):
+        found = next((at for at in (text.find(c, cursor) for c in contents) if at >= 0), -1)
+        if found >= 0:
+            cursor = found
+        elif contents and not any(_reaches(c, text) for c in contents):
             problems.append(("message_dropped", f"the chat template drops {label} ({message.get('role')}): "
                              "its content is nowhere in the rendered text"))
         calls = message.get("tool_calls") or []
