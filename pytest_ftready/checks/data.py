@@ -18,7 +18,7 @@ from ..outcomes import Fail, Skip
 from .registry import STAGES, check
 
 TEMPLATE_KINDS = ("render_error", "generation_prompt_ignored", "prompt_not_prefix", "history_rewritten",
-                  "bos_doubled", "message_dropped", "tool_calls_dropped", "tools_dropped")
+                  "bos_doubled", "message_dropped", "reasoning_dropped", "tool_calls_dropped", "tools_dropped")
 MASKING_KINDS = ("markers_empty", "assistant_untrained", "wrong_role_trained", "stop_untrained", "no_supervised",
                  "truncated_all")
 MAX_LISTED = LISTED
@@ -121,6 +121,8 @@ def data_template(ctx) -> None:
             "message_dropped": f"the chat template ({_template_source(recipe)}) has no branch for the dropped role: "
                                "use a template that renders it ([data] chat_template = \"x.jinja\"), or fold those "
                                "messages into the user turn",
+            "reasoning_dropped": "use a chat template that renders reasoning_content (a reasoning model's), or "
+                                 "write the reasoning into the content the way the model's template expects",
             "tool_calls_dropped": "use a chat template that renders tool_calls ([data] chat_template = \"x.jinja\"), "
                                   "or leave tool-call rows out",
             "tools_dropped": "use a chat template that renders the tools ([data] chat_template = \"x.jinja\")",

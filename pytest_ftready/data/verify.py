@@ -211,10 +211,12 @@ def _reaches(content: str, text: str) -> bool:
 def dropped_by_template(chat, text: str) -> list[tuple[str, str]]:
     """What of the row the rendered text does not hold (templates drop silently what they have no
     branch for): a message whose content shows nowhere in it (a system message under a template
-    without a system branch), tool calls, tool schemas. The model would never see or learn them."""
+    without a system branch), a trained turn's ``reasoning_content``, tool calls, tool schemas.
+    The model would never see or learn them."""
     problems = []
     cursor = 0  # contents come in order: each is looked for after the one before (linear in a long row)
-    for label, message in zip(chat.labels, chat.messages):
+    trained = set(chat.trained)
+    for i, (label, message) in enumerate(zip(chat.labels, chat.messages)):
         contents = [c for c in content_texts(message.get("content")) if c.strip()]
         found = next((at for at in (text.find(c, cursor) for c in contents) if at >= 0), -1)
         if found >= 0:
@@ -222,6 +224,11 @@ def dropped_by_template(chat, text: str) -> list[tuple[str, str]]:
         elif contents and not any(_reaches(c, text) for c in contents):
             problems.append(("message_dropped", f"the chat template drops {label} ({message.get('role')}): "
                              "its content is nowhere in the rendered text"))
+        reasoning = message.get("reasoning_content")
+        if (i in trained and isinstance(reasoning, str) and reasoning.strip()
+                and not _reaches(reasoning.strip(), text)):
+            problems.append(("reasoning_dropped", f"the chat template drops the reasoning_content of {label}: "
+                             "the model would be trained to answer without it"))
         calls = message.get("tool_calls") or []
         missing = [name for name in map(_tool_name, calls) if name and name not in text]
         if missing:

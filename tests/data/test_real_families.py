@@ -230,3 +230,14 @@ def test_escaping_and_equal_messages_splice_exactly_or_go_row_by_row(use):
     assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
     taken = [enc.splicer.splice(s, enc.render, None) is not None for _, s in pairs]
     assert taken == ([False, False] if "tojson" in use else [True, True])
+
+
+def test_reasoning_content_a_template_drops_is_named_and_one_it_renders_passes(tokenizers):
+    dropped = encode(encoder(tokenizers, "phi3", PHI3_GGUF), REASONING_APART[1:])  # no reasoning branch
+    assert dropped.problems == (("reasoning_dropped", "the chat template drops the reasoning_content of messages[1]: "
+                                 "the model would be trained to answer without it"),)
+    assert encode(encoder(tokenizers, "qwen35", QWEN35), REASONING_APART).problems == ()
+    # earlier turns' reasoning that Qwen 3.5 strips is not judged under last_assistant: those turns do not train
+    earlier = [REASONING_APART[1], REASONING_APART[2], {"role": "user", "content": "And the lamps?"},
+               {"role": "assistant", "content": "Kalo sees three lamps."}]
+    assert encode(encoder(tokenizers, "qwen35", QWEN35), earlier).problems == ()
