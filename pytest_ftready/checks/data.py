@@ -18,8 +18,8 @@ from ..units import percentile
 from ..outcomes import Fail, Skip
 from .registry import STAGES, check
 
-TEMPLATE_KINDS = ("render_error", "prompt_not_prefix", "history_rewritten", "bos_doubled", "tool_calls_dropped",
-                  "tools_dropped")
+TEMPLATE_KINDS = ("render_error", "generation_prompt_ignored", "prompt_not_prefix", "history_rewritten",
+                  "bos_doubled", "message_dropped", "reasoning_dropped", "tool_calls_dropped", "tools_dropped")
 MASKING_KINDS = ("markers_empty", "assistant_untrained", "wrong_role_trained", "stop_untrained", "no_supervised",
                  "truncated_all", SPECIALS)
 MAX_LISTED = LISTED
@@ -98,8 +98,9 @@ def data_format(ctx) -> None:
 
 @check("data.template", stage=STAGES["data"] + 1)
 def data_template(ctx) -> None:
-    """The chat template is found and renders every conversation; inference prompt is a prefix; BOS once
-    in every row (plain prompt/completion and text rows use no template: only BOS is checked)."""
+    """The chat template is found and renders every conversation, every message of it; the inference
+    prompt is a prefix and holds the assistant header; BOS once in every row (plain prompt/completion
+    and text rows use no template: only BOS is checked)."""
     recipe = ctx.recipe
     digest = encoded_rows(ctx, "render")
     # A conversation is a row of a chat layout, whichever pipeline (built-in, a trainer's) encoded it.
@@ -111,8 +112,18 @@ def data_template(ctx) -> None:
     if found:
         hints = {
             "bos_doubled": "tokenize the rendered chat with add_special_tokens=False (or drop BOS from the template)",
-            "history_rewritten": "use train_on = \"last_assistant\", or split conversations into one row per assistant turn",
+            "generation_prompt_ignored": f"the chat template ({_template_source(recipe)}) must write the assistant "
+                                         "header when add_generation_prompt is true: add its "
+                                         "{% if add_generation_prompt %} branch, or set [data] chat_template to one that has it",
+            "history_rewritten": "the template rewrites earlier assistant turns (as reasoning templates strip their "
+                                 "<think> blocks): use train_on = \"last_assistant\", or split conversations into one "
+                                 "row per assistant turn",
             "prompt_not_prefix": "the generation prompt must equal the start of the assistant turn in training renders",
+            "message_dropped": f"the chat template ({_template_source(recipe)}) has no branch for the dropped role: "
+                               "use a template that renders it ([data] chat_template = \"x.jinja\"), or fold those "
+                               "messages into the user turn",
+            "reasoning_dropped": "use a chat template that renders reasoning_content (a reasoning model's), or "
+                                 "write the reasoning into the content the way the model's template expects",
             "tool_calls_dropped": "use a chat template that renders tool_calls ([data] chat_template = \"x.jinja\"), "
                                   "or leave tool-call rows out",
             "tools_dropped": "use a chat template that renders the tools ([data] chat_template = \"x.jinja\")",

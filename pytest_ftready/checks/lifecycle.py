@@ -48,5 +48,10 @@ def generate(ctx) -> None:
                        f"{tok.decode(expected)!r}: the saved artifact is not the trained model"
                        + (" (was the adapter merged before saving?)" if name == "merged" else ""))
     if expected[-1] not in stops:
+        # a template ignoring add_generation_prompt leaves the assistant header out of the prompt: the
+        # model writes it first and runs on; that, not the stop token, is the cause (issue 47)
+        cause = ("the inference prompt lacks the assistant header: the chat template ignores add_generation_prompt "
+                 "(see data.template)" if state.digest.count("generation_prompt_ignored")
+                 else "the stop token is not trained")
         raise Fail(f"after the overfit the model does not stop within {ctx.recipe.checks.max_new_tokens} tokens "
-                   f"(no end-of-turn token): it generated {tok.decode(expected)!r}; the stop token is not trained")
+                   f"(no end-of-turn token): it generated {tok.decode(expected)!r}; {cause}")

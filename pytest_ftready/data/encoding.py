@@ -30,7 +30,7 @@ from .rows import Row
 from .skeleton import Splicer, opaque
 from .specials import KIND as SPECIALS
 from .tiling import ASCII, UTF8, columns, holder, widths
-from .verify import IGNORE_INDEX, dropped_tools, runs, sequence_problems, verify_turns
+from .verify import IGNORE_INDEX, content_texts, dropped_by_template, runs, sequence_problems, verify_turns
 
 # Problems that make a row unusable for training (the engine leaves such rows out).
 BLOCKING = frozenset({"render_error", "markers_empty", "truncated_all", "no_supervised", SPECIALS})
@@ -49,6 +49,9 @@ class Encoded:
     trained_full: int  # supervised tokens before truncation (at least this many when ``cut``)
     problems: tuple[tuple[str, str], ...] = ()  # (kind, detail)
     cut: bool = False  # the row was far beyond max_length: only its start was tokenized
+    # token runs of trained messages that their inference prompt already holds (a reasoning
+    # template's "<think>\n"): never generated, so rightly not trained
+    prompted: tuple[tuple[int, int], ...] = ()
 
     @property
     def trained(self) -> int:
@@ -121,6 +124,9 @@ class Encoder:
         # each kind of text (tiling.ASCII, tiling.UTF8) is read from the widths once a batch's texts
         # of that kind were checked against their offsets: False until then, None when they differed
         self.tiling: dict[str, Optional[bool]] = {ASCII: False, UTF8: False}
+        # whether the template writes the same with and without add_generation_prompt: found on
+        # the first trained turn rendered (None until then)
+        self._prompt_ignored: Optional[bool] = None
 
     def _need_template(self) -> None:
         if not self.template:
@@ -239,8 +245,8 @@ class Encoder:
             if self.widths is not None and isinstance(base[0], _Encoding):
                 self._tile(base, texts, [True] * len(base))
         for n, (k, chat, (text, generation, spans)) in enumerate(batch):
-            out[k] = self._chat_labels(pairs[k][0], chat, text, generation, spans, dropped_tools(chat, text), base[n],
-                                       final[n], False)
+            out[k] = self._chat_labels(pairs[k][0], chat, text, generation, dict(zip(chat.trained, spans)),
+                                       dropped_by_template(chat, text), base[n], final[n], False)
 
     def _tile(self, encodings: list, texts: list[str], chosen: list[bool]) -> None:
         """Give the ``chosen`` encodings (with offsets) whose tokens tile their text their
@@ -335,13 +341,13 @@ class Encoder:
                 text, generation = self.render(messages, tools=tools), None
         except Exception as exc:  # jinja raises TemplateError, TypeError, ...; report, don't crash
             return Encoded(row, (), (), self.chat_method, 0, 0, (("render_error", f"template failed: {exc}"),))
-        problems += dropped_tools(chat, text)
+        problems += dropped_by_template(chat, text)
 
         def turn_renders(i: int) -> tuple[str, str]:
             prompt = self.render(messages[:i], add_generation_prompt=True, tools=tools)
             return prompt, (text if i == len(messages) - 1 else self.render(messages[: i + 1], tools=tools))
 
-        spans = _turn_spans(chat, text, turn_renders, problems)
+        turns = _turn_spans(chat, text, turn_renders, problems)
         cut = bool(budget) and (chat is not whole or len(text) > budget)
         if cut:
             text = text[:budget]
@@ -350,13 +356,18 @@ class Encoder:
         if cut and (len(base["input_ids"]) <= self.max_length or (markers and generation is None)):
             return self._encode_chat(row, whole, budget=0)  # the cut is not safe here: the whole row, exactly
         final = self.tok(text, add_special_tokens=True, return_offsets_mapping=True) if self.add_special else base
-        return self._chat_labels(row, chat, text, generation, spans, problems, base, final, cut)
+        return self._chat_labels(row, chat, text, generation, turns, problems, base, final, cut)
 
-    def _chat_labels(self, row: Row, chat: Chat, text: str, generation, spans: list, problems: list, base, final,
+    def _chat_labels(self, row: Row, chat: Chat, text: str, generation, turns: dict, problems: list, base, final,
                      cut: bool) -> Encoded:
         """The labels of a rendered chat row from its tokenization without (``base``) and with
-        (``final``) the tokenizer's special tokens: what the row-by-row and the spliced paths share."""
+        (``final``) the tokenizer's special tokens: what the row-by-row and the spliced paths share.
+        ``turns``: per trained message whose renders are prefixes of ``text``, the character span
+        from the end of its inference prompt to the end of the render up to it."""
         ids = list(final["input_ids"])
+        spans = list(turns.values())
+        problems += self._bare_prompts(chat, text, turns)
+        supplied: list[int] = []
         # the tokens' (starts, ends) when they are in order: read for tokens that tile their text
         # (data/tiling.py), else one look at the offsets for every use
         columns = None if self.train_on == "all" else (getattr(final, "columns", None)
@@ -382,9 +393,42 @@ class Encoder:
                            else _trained_flags(final["offset_mapping"], spans))
             if self.chat_method == CHAT_METHODS[1]:
                 _trim_after_stop(ids, trained, self.stop_ids)
+            prompt_ends = {i: start for i, (start, _) in turns.items()}
             problems += verify_turns(chat, text, None if columns else final["offset_mapping"], trained, self.train_on,
-                                     columns and columns[0])
-        return self._finish(row, ids, trained, problems, self.chat_method, cut, trained_runs)
+                                     columns and columns[0], prompt_ends, supplied)
+        encoded = self._finish(row, ids, trained, problems, self.chat_method, cut, trained_runs)
+        if not supplied:
+            return encoded
+        kept = [k for k in supplied if k < encoded.length]
+        return replace(encoded, prompted=tuple(runs(_flags_at(encoded.length, kept))))
+
+    def _bare_prompts(self, chat: Chat, text: str, turns: dict) -> list[tuple[str, str]]:
+        """A template that ignores add_generation_prompt gives an inference prompt without the
+        assistant header its training renders put before each response: the model, never trained
+        to write that header, must write it at inference (issue 47). One problem per row where the
+        response is found after other text (not whitespace) that the inference prompt lacks."""
+        if not turns:
+            return []
+        if self._prompt_ignored is None:
+            first = next(iter(turns))
+            try:
+                messages = chat.messages[:first]
+                self._prompt_ignored = (self.render(messages, add_generation_prompt=True, tools=chat.tools)
+                                        == self.render(messages, tools=chat.tools))
+            except Exception:  # the row's renders report the template's errors
+                self._prompt_ignored = False
+        if not self._prompt_ignored:
+            return []
+        for i, (start, end) in turns.items():
+            content = next((c for c in content_texts(chat.messages[i].get("content")) if c.strip()), "")
+            at = text.find(content.strip(), start, end) if content else -1
+            if at > start and text[start:at].strip():
+                header = text[start:at]
+                shown = f" ({header!r})" if len(header) <= 40 and not _holds_row_text(header, chat) else ""
+                return [("generation_prompt_ignored", f"the chat template ignores add_generation_prompt: the "
+                         f"inference prompt before {chat.labels[i]} lacks the assistant header{shown} that training "
+                         "puts before the response, so the model must write it itself at inference")]
+        return []
 
     def _marker_blocks(self, chat: Chat, base, problems, generation=None, columns=None) -> list[tuple[int, int]]:
         """The (start, end) token runs of ``base`` in the template's {% generation %} mask, less the
@@ -446,11 +490,13 @@ class Encoder:
         return Encoded(row, tuple(ids), tuple(labels), method, full_length, trained_full, tuple(problems), cut)
 
 
-def _turn_spans(chat: Chat, text: str, turn_renders, problems: list) -> list[tuple[int, int]]:
-    """The character span of each trained turn in ``text``: from the end of its inference prompt
-    to the end of the render up to it (``turn_renders(i)`` gives both), each checked to be a
-    prefix of the training render; what is not is a problem of the row."""
-    spans = []
+def _turn_spans(chat: Chat, text: str, turn_renders, problems: list) -> dict[int, tuple[int, int]]:
+    """Per trained message, its character span in ``text``: from the end of its inference prompt
+    to the end of the render up to it (``turn_renders(i)`` gives both). The prompt is held against
+    the render up to the turn (the same conversation), and that render against the training
+    render (which later turns may rewrite): each mismatch is a problem of its own, and a turn with
+    one has no span."""
+    spans = {}
     for i in chat.trained:
         label = chat.labels[i]
         try:
@@ -458,16 +504,28 @@ def _turn_spans(chat: Chat, text: str, turn_renders, problems: list) -> list[tup
         except Exception as exc:
             problems.append(("render_error", f"template failed on the turns up to {label}: {exc}"))
             continue
-        if not text.startswith(prompt):
+        if not upto.startswith(prompt):
             problems.append(("prompt_not_prefix", f"the inference prompt before {label} "
-                             "(add_generation_prompt=True) is not a prefix of the training render"))
-            continue
+                             "(add_generation_prompt=True) is not a prefix of the render of the turns up to it"))
         if not text.startswith(upto):
             problems.append(("history_rewritten", f"assistant turn {label} renders differently once later "
                              "turns follow (the template rewrites history, as reasoning templates do)"))
-            continue
-        spans.append((len(prompt), len(upto)))
+        elif upto.startswith(prompt):
+            spans[i] = (len(prompt), len(upto))
     return spans
+
+
+def _holds_row_text(piece: str, chat: Chat) -> bool:
+    """Whether ``piece`` holds some string of the row's messages besides their roles (then it is not shown)."""
+    return any(isinstance(v, str) and len(v.strip()) >= 3 and (v.strip() in piece or piece.strip() in v)
+               for m in chat.messages for k, v in m.items() if k != "role")
+
+
+def _flags_at(n: int, indices) -> list[bool]:
+    flags = [False] * n
+    for k in indices:
+        flags[k] = True
+    return flags
 
 
 def _now(function, *args):

@@ -170,6 +170,8 @@ class _Taint:
             return None
         if kind == MESSAGE and isinstance(name, str) and not (through_attribute and name in DICT_ATTRIBUTES):
             return TEXT if name == "content" else None
+        if kind == TEXT and isinstance(name, str) and not hasattr(str, name):
+            return None  # undefined for every str content (Mistral's "message.content.content is defined")
         raise _NotOpaque
 
     def expr(self, node) -> Optional[str]:
@@ -204,6 +206,9 @@ class _Taint:
         if isinstance(node, n.Filter):
             return self.filter(node)
         if isinstance(node, n.Test):
+            if (node.name in ("defined", "undefined") and isinstance(node.node, n.Getattr)
+                    and self.expr(node.node.node) == TEXT):
+                return None  # an attribute of a content (a str in every spliced row): whether it exists is its type's
             kind = self.expr(node.node)
             self.clean(*node.args, *(kw.value for kw in node.kwargs), node.dyn_args, node.dyn_kwargs)
             if kind is not None and node.name not in TYPE_TESTS:
@@ -215,6 +220,8 @@ class _Taint:
         if isinstance(node, n.Not):
             self.expr(node.node)  # truthiness: emptiness is part of the structure
             return None
+        if isinstance(node, n.Compare) and (self.has_key(node) or self.same_messages(node)):
+            return None
         if isinstance(node, (n.And, n.Or)):
             return self.either({self.expr(node.left), self.expr(node.right)})
         if isinstance(node, n.CondExpr):
@@ -224,6 +231,20 @@ class _Taint:
         for child in node.iter_child_nodes():
             self.clean(child)
         return None
+
+    def has_key(self, node) -> bool:
+        """``'tool_calls' in message`` (or ``not in``): which fields a message has is part of its
+        structure (Llama 3.x's and Mistral's templates branch on it)."""
+        from jinja2 import nodes as n
+
+        return (isinstance(node.expr, n.Const) and isinstance(node.expr.value, str) and len(node.ops) == 1
+                and node.ops[0].op in ("in", "notin") and self.expr(node.ops[0].expr) == MESSAGE)
+
+    def same_messages(self, node) -> bool:
+        """``message == user_messages[-1]`` (Mistral's templates): messages are equal when their
+        fields and contents are, and which contents are equal is part of the structure."""
+        return (all(op.op in ("eq", "ne") for op in node.ops)
+                and all(self.expr(e) == MESSAGE for e in (node.expr, *(op.expr for op in node.ops))))
 
     def either(self, kinds: set) -> Optional[str]:
         kinds.discard(None)
@@ -251,8 +272,8 @@ class _Taint:
         plain = not node.args and not node.kwargs and node.dyn_args is None and node.dyn_kwargs is None
         if kind is None:
             return None
-        if kind == TEXT and node.name in ("trim", "string") and plain:
-            return TEXT
+        if kind == TEXT and node.name in ("trim", "string", "tojson") and plain:
+            return TEXT  # tojson escapes the content: _skeleton's probe render finds where it does
         if kind in (LIST, MESSAGE) and node.name in ("length", "count"):
             return None
         if kind == LIST and node.name in ("first", "last") and plain:
@@ -324,8 +345,7 @@ class Splicer:
 def _skeleton(chat, render: Callable, render_marked: Optional[Callable]) -> Optional[Skeleton]:
     """The structure's renders with placeholder contents, or None where splicing cannot be
     trusted for it (a render fails, a turn render is not a prefix of the training render)."""
-    messages = [dict(m, content=f"{PAD}{OPEN}{i}{CLOSE}{PAD}" if m["content"] else "")
-                for i, m in enumerate(chat.messages)]
+    messages = _placeholders(chat)
     tools = chat.tools
     try:
         if render_marked is not None:
@@ -342,6 +362,8 @@ def _skeleton(chat, render: Callable, render_marked: Optional[Callable]) -> Opti
                 return None  # the row-by-row path names the problem
             turns.append((len(prompt), len(upto)))
     except Exception:  # the row-by-row path reports the template's error
+        return None
+    if not _verbatim(chat, text, render, tools):
         return None
     literals, refs, starts, at = [], [], [], 0
     for match in _PIECE.finditer(text):
@@ -360,6 +382,36 @@ def _skeleton(chat, render: Callable, render_marked: Optional[Callable]) -> Opti
     marked = len(spans or ()) * 2
     return Skeleton(tuple(literals), tuple(refs), None if spans is None else _pairs(located[:marked]),
                     _pairs(located[marked:]))
+
+
+# characters that escaping filters (tojson) change: a placeholder holding them must come out as it went in
+PROBE = "\"\\\n\t'<>&é"
+
+
+def _verbatim(chat, text: str, render: Callable, tools) -> bool:
+    """Whether each content goes into the training render as it is: the render with placeholders
+    holding PROBE is ``text`` with PROBE inside each placeholder (a template escaping a content,
+    as ``| tojson`` does, changes it)."""
+    messages = _placeholders(chat, PROBE)
+    try:
+        probed = render(messages, False, tools)
+    except Exception:
+        return False
+    return probed == re.sub(f"{OPEN}(\\d+){CLOSE}", lambda m: f"{OPEN}{m.group(1)}{PROBE}{CLOSE}", text)
+
+
+def _placeholders(chat, probe: str = "") -> list[dict]:
+    """The messages with each content a placeholder (``probe`` inside it); equal contents get one
+    placeholder, the first's, so that messages equal in the row are equal in the skeleton."""
+    first = _first_equal(chat)
+    return [dict(m, content=f"{PAD}{OPEN}{k}{probe}{CLOSE}{PAD}" if m["content"] else "")
+            for m, k in zip(chat.messages, first)]
+
+
+def _first_equal(chat) -> tuple[int, ...]:
+    """Per message, the index of the first message with the same content."""
+    seen: dict = {}
+    return tuple(seen.setdefault(m["content"], i) for i, m in enumerate(chat.messages))
 
 
 def _pairs(seq: list) -> tuple:
@@ -395,7 +447,7 @@ def structure(chat) -> Optional[tuple]:
     tools = _dumped(chat.tools) if chat.tools else ""
     if tools is None:
         return None
-    return tuple(parts), chat.trained, tools
+    return tuple(parts), _first_equal(chat), chat.trained, tools
 
 
 def _dumped(value) -> Optional[str]:

@@ -18,14 +18,19 @@ HEAD_TOKENS, TAIL_TOKENS = 384, 128  # a long example shows its start and its en
 
 def token_view(tokenizer, encoded: Encoded, head: int = HEAD_TOKENS, tail: int = TAIL_TOKENS,
                known: Mapping[str, str] = {}) -> dict[str, Any]:
-    """``{where, length, trained, tokens: [[text, trained], ...], skipped_at, skipped, problems}``;
-    an example longer than ``head + tail`` tokens shows its first ``head`` and last ``tail``."""
+    """``{where, length, trained, tokens: [[text, trained], ...], prompted, skipped_at, skipped,
+    problems}``; ``prompted``: the indices in ``tokens`` of the response tokens the inference
+    prompt already holds (not trained, rightly). An example longer than ``head + tail`` tokens
+    shows its first ``head`` and last ``tail``."""
     ids, labels = list(encoded.input_ids), list(encoded.labels)
+    shown = list(range(len(ids)))
     skipped_at: Optional[int] = None
     skipped = 0
     if len(ids) > head + tail:
         skipped_at, skipped = head, len(ids) - head - tail
         ids, labels = ids[:head] + ids[-tail:], labels[:head] + labels[-tail:]
+        shown = shown[:head] + shown[-tail:]
+    given = {k for start, end in encoded.prompted for k in range(start, end)}
     values = {**known, **row_values(encoded.row.data)}
     pieces = redact_pieces([(tokenizer.decode([token_id]), label != IGNORE_INDEX) for token_id, label in zip(ids, labels)],
                            values, edges=True)
@@ -34,6 +39,7 @@ def token_view(tokenizer, encoded: Encoded, head: int = HEAD_TOKENS, tail: int =
         "length": encoded.length,
         "trained": encoded.trained,
         "tokens": [[text, trained] for text, trained in pieces],
+        "prompted": [n for n, k in enumerate(shown) if k in given],
         "skipped_at": skipped_at,
         "skipped": skipped,
         "problems": [[kind, redact_text(detail, values)] for kind, detail in encoded.problems],

@@ -1,7 +1,8 @@
 """Independent verification of labels, whoever made them (the built-in encoder, TRL's
 SFTTrainer, a team's own formatting function): each message's content is located in the
 rendered text of the example; user/system tokens must carry no loss, every token of a trained
-assistant turn must, and every trained span must end with a stop token. Truncation is
+assistant turn must (but those its inference prompt already holds), and every trained span must
+end with a stop token. Truncation is
 accounted for: content cut off by ``max_length`` is not located, so it is not judged.
 
 Imports nothing of the package; no torch. A conversation is a ``layouts.Chat``: its messages,
@@ -10,20 +11,25 @@ which of them train, and the flag that stops a turn training."""
 from __future__ import annotations
 
 import operator
+import re
 from bisect import bisect_left
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 
 IGNORE_INDEX = -100
 
 
 def verify_turns(chat, text: str, offsets, trained: list[bool], train_on: str,
-                 starts: Optional[Sequence[int]] = None) -> list[tuple[str, str]]:
+                 starts: Optional[Sequence[int]] = None, prompt_ends: Mapping[int, int] = {},
+                 supplied: Optional[list[int]] = None) -> list[tuple[str, str]]:
     """Independent of how the spans were found: locate each message's content in the render and
     compare what is trained with what the row asks for (its responses, its training flags).
     ``starts``: the tokens' start characters, when the caller knows that every token has
     characters and that they never go back (then they are not checked again, and ``offsets``
-    may be None)."""
+    may be None). ``prompt_ends``: per trained message, where its inference prompt
+    (add_generation_prompt=True) ends in ``text``: tokens of the message that start before it
+    are the prompt's (a reasoning template's ``<think>``), never generated, so not required to
+    train; their indices are added to ``supplied`` when given."""
     if starts is None:
         starts, ends = (list(column) for column in zip(*offsets)) if len(offsets) else ([], [])
         if not all(map(operator.lt, starts, ends)):  # tokens without characters are found nowhere
@@ -51,6 +57,11 @@ def verify_turns(chat, text: str, offsets, trained: list[bool], train_on: str,
         cursor = at + len(content)
         lo = bisect_left(sorted_starts, at)
         hi = bisect_left(sorted_starts, cursor)
+        if i in turns and prompt_ends.get(i, at) > at:  # the inference prompt holds the content's start
+            given = min(bisect_left(sorted_starts, prompt_ends[i]), hi)
+            if supplied is not None:
+                supplied.extend(range(lo, given) if order is None else (order[k] for k in range(lo, given)))
+            lo = given
         if hi <= lo:
             continue
         flags = trained[lo:hi] if order is None else [trained[order[k]] for k in range(lo, hi)]
@@ -134,7 +145,7 @@ def judge_labels(tokenizer, sample, train_on: str, ids: Sequence[int], labels: S
                          f"{wrong[0]}): labels must be input_ids with -100 where no loss is taken; the model shifts"))
     if hasattr(sample, "messages") and train_on != "all":  # a conversation (layouts.Chat): judge each turn
         text, offsets = text_and_offsets(tokenizer, ids)
-        problems += verify_turns(sample, text, offsets, trained, train_on)
+        problems += verify_turns(sample, text, offsets, trained, train_on, prompt_ends=prompt_ends(tokenizer, sample, text))
     known = full_length is not None
     truncated = (full_length > len(ids)) if known else (max_length is not None and len(ids) >= max_length)
     spans = runs(trained)
@@ -151,6 +162,25 @@ def judge_labels(tokenizer, sample, train_on: str, ids: Sequence[int], labels: S
     return problems
 
 
+def prompt_ends(tokenizer, chat, text: str) -> dict[int, int]:
+    """Per trained message of ``chat``, where its inference prompt (the chat template's render of
+    the messages before it with add_generation_prompt=True) ends in ``text``, the decoded training
+    sequence; a prompt that does not start ``text`` (after the tokenizer's BOS) is left out."""
+    ends = {}
+    bos = tokenizer.bos_token or ""
+    for i in chat.trained:
+        try:
+            prompt = tokenizer.apply_chat_template(list(chat.messages[:i]), tools=list(chat.tools) if chat.tools else None,
+                                                   add_generation_prompt=True, tokenize=False)
+        except Exception:  # the template's errors are data.template's to report
+            continue
+        if isinstance(prompt, str) and prompt and text.startswith(prompt):
+            ends[i] = len(prompt)
+        elif isinstance(prompt, str) and prompt and bos and text.startswith(bos + prompt):
+            ends[i] = len(bos) + len(prompt)
+    return ends
+
+
 def _tool_name(item) -> str:
     """The function name of a tool schema or a tool call (OpenAI's nested ``function`` or flat)."""
     if not isinstance(item, dict):
@@ -160,11 +190,45 @@ def _tool_name(item) -> str:
     return name if isinstance(name, str) else ""
 
 
-def dropped_tools(chat, text: str) -> list[tuple[str, str]]:
-    """Tool calls and tool schemas of the row that the rendered text does not hold (templates
-    without tool support drop them silently): the model would never be trained on them."""
+def content_texts(content) -> list[str]:
+    """The text a message's content holds: the string, or the text of each text part."""
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)]
+    return []
+
+
+_MARKUP = re.compile(r"<[^<>\n]{1,40}>|\n")  # tags (<think>) and line ends: where templates take contents apart
+
+
+def _reaches(content: str, text: str) -> bool:
+    """Whether ``content`` shows in the render: whole, or (a template that rewrites it: trims it,
+    takes its reasoning apart) any of its pieces between tags and line ends."""
+    return content in text or any(piece.strip() in text for piece in _MARKUP.split(content) if piece.strip())
+
+
+def dropped_by_template(chat, text: str) -> list[tuple[str, str]]:
+    """What of the row the rendered text does not hold (templates drop silently what they have no
+    branch for): a message whose content shows nowhere in it (a system message under a template
+    without a system branch), a trained turn's ``reasoning_content``, tool calls, tool schemas.
+    The model would never see or learn them."""
     problems = []
-    for label, message in zip(chat.labels, chat.messages):
+    cursor = 0  # contents come in order: each is looked for after the one before (linear in a long row)
+    trained = set(chat.trained)
+    for i, (label, message) in enumerate(zip(chat.labels, chat.messages)):
+        contents = [c for c in content_texts(message.get("content")) if c.strip()]
+        found = next((at for at in (text.find(c, cursor) for c in contents) if at >= 0), -1)
+        if found >= 0:
+            cursor = found
+        elif contents and not any(_reaches(c, text) for c in contents):
+            problems.append(("message_dropped", f"the chat template drops {label} ({message.get('role')}): "
+                             "its content is nowhere in the rendered text"))
+        reasoning = message.get("reasoning_content")
+        if (i in trained and isinstance(reasoning, str) and reasoning.strip()
+                and not _reaches(reasoning.strip(), text)):
+            problems.append(("reasoning_dropped", f"the chat template drops the reasoning_content of {label}: "
+                             "the model would be trained to answer without it"))
         calls = message.get("tool_calls") or []
         missing = [name for name in map(_tool_name, calls) if name and name not in text]
         if missing:

@@ -43,6 +43,7 @@ font-size:12px;color:#333}.absent{color:#667;font-style:italic}
 .tokens{font-family:ui-monospace,monospace;font-size:12px;line-height:1.9;white-space:pre-wrap;word-break:break-all}
 .tok{border:1px solid #c9ced6;border-radius:2px;padding:0 1px;margin:0 1px 0 0}
 .tok.t{background:#b9efc0;border-color:#5cb46a;color:#0d3d14}.tok.m{background:#f2f3f5;color:#8a909b}
+.tok.p{background:#dbe9fb;border-color:#7aa7e0;color:#1d3f6e}
 .gap{color:#c0392b;font-style:italic}.legend span{margin-right:14px}svg.chart{max-width:100%;height:auto}
 """
 
@@ -139,19 +140,23 @@ def regressions(run: RecipeRun) -> str:
 
 
 def token_spans(example: dict) -> str:
-    """One span per token: its boundary boxed, trained tokens green, masked grey."""
+    """One span per token: its boundary boxed, trained tokens green, masked grey, response tokens
+    the inference prompt already holds blue."""
     out = []
+    given = set(example.get("prompted", ()))
     for i, (text, trained) in enumerate(example["tokens"]):
         if example.get("skipped_at") == i:
             out.append(f"<span class='gap'> … {example['skipped']} tokens not shown … </span>")
         shown = text.replace("\n", "↵\n") if text else "∅"
-        out.append(f"<span class='tok {'t' if trained else 'm'}'>{esc(shown)}</span>")
+        kind = "t" if trained else "p" if i in given else "m"
+        out.append(f"<span class='tok {kind}'>{esc(shown)}</span>")
     return "".join(out)
 
 
 def masking_examples(examples: list[dict], limit: Optional[int] = None) -> str:
     legend = ("<p class='legend'><span class='tok t'>trained</span> carries loss <span class='tok m'>masked</span> "
-              "label -100. Each box is one token; ↵ a newline.</p>")
+              "label -100 <span class='tok p'>in the prompt</span> part of a response that the inference prompt "
+              "already holds (never generated, so not trained). Each box is one token; ↵ a newline.</p>")
     blocks = []
     for ex in examples[:limit]:
         problems = "".join(f"<li>{esc(kind)}: {esc(detail)}</li>" for kind, detail in ex.get("problems", []))

@@ -38,7 +38,8 @@ GEMMA = (
 # Broken: the inference prompt names the role 'assistant', training renders 'model'.
 GEMMA_WRONG_PROMPT = GEMMA.replace("{% if add_generation_prompt %}<start_of_turn>model", "{% if add_generation_prompt %}<start_of_turn>assistant")
 MISTRAL = (
-    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
+    "{% elif m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
     "{% elif m['role'] == 'assistant' %} {{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
 )
 MISTRAL_NO_EOS = MISTRAL.replace("{{ eos_token }}", "")

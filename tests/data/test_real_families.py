@@ -1,0 +1,243 @@
+"""The encoder and the label verification on real chat templates of the main families, kept
+verbatim in tests/data/templates/ (sources in SOURCES.md): Qwen 3.5's reasoning template (the
+inference prompt ends inside the response, earlier turns lose their reasoning) and Phi-3's
+GGUF template (no system branch, no tool branch).
+
+The tokenizer is the tiny trained BPE with the family's special tokens; with
+FTREADY_REAL_TOKENIZERS naming a folder of tokenizer folders saved from llama.cpp's
+vocabulary files (``qwen35``, ``phi-3``: ``AutoTokenizer.from_pretrained(models,
+gguf_file="ggml-vocab-qwen35.gguf").save_pretrained(folder / "qwen35")``), every test runs on
+the real tokenizers too."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from pytest_ftready.data.encoding import IGNORE_INDEX, Encoder, stop_token_ids
+from pytest_ftready.data.layouts import read_sample
+from pytest_ftready.data.rows import Row
+from pytest_ftready.data.token_view import token_view
+from pytest_ftready.data.verify import judge_labels, verify_turns
+from pytest_ftready.outputs.report import token_spans
+
+TEMPLATES = Path(__file__).parent / "templates"
+QWEN35 = (TEMPLATES / "Qwen3.5-4B.jinja").read_text()
+PHI3_GGUF = (TEMPLATES / "Phi-3-gguf.jinja").read_text()
+# family -> (the llama.cpp vocabulary's folder name, eos, special tokens the tiny tokenizer lacks)
+FAMILIES = {"qwen35": ("qwen35", "<|im_end|>", ()),
+            "phi3": ("phi-3", "<|end|>", ("<|user|>", "<|assistant|>", "<|system|>", "<|end|>"))}
+REAL = os.environ.get("FTREADY_REAL_TOKENIZERS")
+
+REASONING_IN_CONTENT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "How many comets does kalo see?"},
+    {"role": "assistant", "content": "<think>\nKalo counts one, then two.\n</think>\n\nKalo sees two comets."}]
+REASONING_APART = REASONING_IN_CONTENT[:2] + [
+    {"role": "assistant", "reasoning_content": "Kalo counts one, then two.", "content": "Kalo sees two comets."}]
+REASONING_IN_HISTORY = REASONING_IN_CONTENT[1:] + [
+    {"role": "user", "content": "And the lamps?"},
+    {"role": "assistant", "content": "<think>\nThree lamps glow.\n</think>\n\nKalo sees three lamps."}]
+TRAINED = "Kalo counts one, then two.\n</think>\n\nKalo sees two comets.<|im_end|>"
+
+
+@pytest.fixture(scope="module", params=["tiny"] + (["llama.cpp"] if REAL else []))
+def tokenizers(request):
+    """family -> tokenizer (the tiny BPE with the family's special tokens, or llama.cpp's vocabulary)."""
+    from pytest_ftready.tiny import build_tokenizer
+
+    out = {}
+    for family, (folder, eos, specials) in FAMILIES.items():
+        if request.param == "llama.cpp":
+            from transformers import AutoTokenizer
+
+            out[family] = AutoTokenizer.from_pretrained(Path(REAL) / folder)
+        else:
+            tok = build_tokenizer()
+            tok.add_tokens(list(specials), special_tokens=True)
+            tok.eos_token = eos
+            out[family] = tok
+    return out
+
+
+def encoder(tokenizers, family: str, template: str, train_on: str = "last_assistant") -> Encoder:
+    tok = copy.deepcopy(tokenizers[family])
+    tok.chat_template = template
+    data = SimpleNamespace(format="messages", train_on=train_on, max_length=1024, add_special_tokens=False)
+    return Encoder(tok, data, stop_token_ids(tok, extra=[FAMILIES[family][1]]))
+
+
+def encode(enc: Encoder, messages: list[dict]):
+    """The row encoded row by row, held equal to the batched (spliced where it can) path."""
+    row = Row("train.jsonl", 3, {"messages": messages})
+    sample = read_sample(row, "messages", enc.train_on)[0]
+    one = enc.encode(row, sample)
+    assert enc.encode_many([(row, sample)]) == [one]
+    return one
+
+
+def trained_text(enc: Encoder, encoded) -> str:
+    return enc.tok.decode([t for t, label in zip(encoded.input_ids, encoded.labels) if label != IGNORE_INDEX])
+
+
+@pytest.mark.parametrize("train_on", ["last_assistant", "assistant"])
+@pytest.mark.parametrize("messages", [REASONING_IN_CONTENT, REASONING_APART], ids=["in-content", "reasoning_content"])
+def test_qwen35_reasoning_trains_all_the_model_generates_and_nothing_the_prompt_holds(tokenizers, messages, train_on):
+    enc = encoder(tokenizers, "qwen35", QWEN35, train_on)
+    encoded = encode(enc, messages)
+    assert encoded.problems == ()
+    assert trained_text(enc, encoded) == TRAINED  # the same labels whichever field holds the reasoning
+    prompt = enc.render(messages[:2], add_generation_prompt=True)
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n")
+    if messages is REASONING_IN_CONTENT:  # the content's "<think>\n" is the inference prompt's: shown as such
+        given = [k for start, end in encoded.prompted for k in range(start, end)]
+        assert enc.tok.decode([encoded.input_ids[k] for k in given]).strip() == "<think>"
+        view = token_view(enc.tok, encoded)
+        assert [view["tokens"][k][1] for k in view["prompted"]] == [False] * len(given)
+        assert "".join(view["tokens"][k][0] for k in view["prompted"]).strip() == "<think>"
+        assert token_spans(view).count("<span class='tok p'>") == len(given)  # drawn apart in masking.html
+    else:
+        assert encoded.prompted == ()
+
+
+def test_qwen35_response_tokens_after_the_prompt_must_still_train(tokenizers):
+    enc = encoder(tokenizers, "qwen35", QWEN35)
+    encoded = encode(enc, REASONING_IN_CONTENT)
+    labels = list(encoded.labels)
+    first = next(k for k, label in enumerate(labels) if label != IGNORE_INDEX)
+    labels[first] = IGNORE_INDEX  # the reasoning's first word, which the model does generate, left out
+    sample = read_sample(encoded.row, "messages", "last_assistant")[0]
+    problems = judge_labels(enc.tok, sample, "last_assistant", encoded.input_ids, labels, enc.stop_ids)
+    assert [kind for kind, _ in problems] == ["assistant_untrained"]
+    assert problems[0][1].startswith("1 of ")
+    # the labels as made pass the same verification a trainer's labels get (TRL, LLaMA-Factory, Axolotl)
+    assert judge_labels(enc.tok, sample, "last_assistant", encoded.input_ids, encoded.labels, enc.stop_ids) == []
+    # without the prompt's end, the "<think>" the prompt holds is (wrongly) required to train
+    text = enc.tok.decode(list(encoded.input_ids), skip_special_tokens=False)
+    offsets = enc.tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    flags = [label != IGNORE_INDEX for label in encoded.labels]
+    assert [k for k, _ in verify_turns(sample, text, offsets, flags, "last_assistant")] == ["assistant_untrained"]
+
+
+def test_qwen35_stripping_earlier_reasoning_is_history_rewritten_not_a_prompt_mismatch(tokenizers):
+    every_turn = encode(encoder(tokenizers, "qwen35", QWEN35, "assistant"), REASONING_IN_HISTORY)
+    assert [kind for kind, _ in every_turn.problems] == ["history_rewritten"]
+    assert "messages[1] renders differently once later turns follow" in every_turn.problems[0][1]
+    last = encoder(tokenizers, "qwen35", QWEN35)
+    encoded = encode(last, REASONING_IN_HISTORY)
+    assert encoded.problems == ()
+    assert trained_text(last, encoded) == "Three lamps glow.\n</think>\n\nKalo sees three lamps.<|im_end|>"
+
+
+def test_qwen35_without_its_generation_prompt_branch_says_the_header_is_missing(tokenizers):
+    bare = QWEN35[: QWEN35.rindex("{%- if add_generation_prompt %}")]
+    encoded = encode(encoder(tokenizers, "qwen35", bare), REASONING_APART)
+    assert [kind for kind, _ in encoded.problems] == ["generation_prompt_ignored"]
+    assert "the inference prompt before messages[2] lacks the assistant header" in encoded.problems[0][1]
+    assert "counts" not in encoded.problems[0][1]  # the header shown holds reasoning: not shown
+
+
+@pytest.mark.parametrize("dropped, role", [
+    ({"role": "system", "content": "You answer in one short sentence."}, "system"),
+    ({"role": "tool", "content": "{\"comets\": 2}"}, "tool"),
+], ids=["system", "tool"])
+def test_phi3_gguf_template_dropping_a_message_names_it(tokenizers, dropped, role):
+    enc = encoder(tokenizers, "phi3", PHI3_GGUF, "assistant")
+    rest = [{"role": "user", "content": "How many comets?"}, {"role": "assistant", "content": "Two comets."}]
+    encoded = encode(enc, [dropped] + rest if role == "system" else rest[:1] + [dropped] + rest[1:])
+    label = "messages[0]" if role == "system" else "messages[1]"
+    assert ("message_dropped", f"the chat template drops {label} ({role}): its content is nowhere in the "
+            "rendered text") in encoded.problems
+    assert encode(enc, rest).problems == ()  # the same template with nothing to drop
+
+
+SPLICED = {"llama-3.1": ("Llama-3.1-8B-Instruct.jinja", "<|eot_id|>"),
+           "mistral-nemo": ("Mistral-Nemo-Instruct-2407.jinja", "</s>")}
+
+
+@pytest.mark.parametrize("name", list(SPLICED))
+def test_llama_and_mistral_templates_take_the_fast_path_and_splice_exactly(name):
+    """Their constructs ('tool_calls' in message, message == user_messages[-1], a tool result's
+    content | tojson) are proved or probed, and the spliced rows equal the row-by-row ones."""
+    from pytest_ftready.data.layouts import row_problems
+    from pytest_ftready.data.skeleton import opaque
+    from pytest_ftready.tiny import build_tokenizer
+    from tests.data.test_skeleton import SPLICE_ROWS, variants
+
+    file, eos = SPLICED[name]
+    template = (TEMPLATES / file).read_text()
+    assert opaque(template)
+    tool_turns = {"messages": [{"role": "user", "content": "Weather in Oslo?"},
+                               {"role": "assistant", "content": "Let me look."},
+                               {"role": "user", "content": "Weather in Oslo?"},  # equal to an earlier message
+                               {"role": "assistant", "content": "Sunny."},
+                               {"role": "tool", "content": "{\"sky\": \"clear\"}\n", "tool_call_id": "abcdefghi"},
+                               {"role": "user", "content": "Thanks"}, {"role": "assistant", "content": "You're welcome."}]}
+    rows = [Row("t.jsonl", n, variants(data, k)) for n, (k, data) in enumerate(
+        (k, data) for k in range(2) for data in SPLICE_ROWS + [tool_turns])]
+    spliced = 0
+    for train_on in ("assistant", "last_assistant"):
+        tok = build_tokenizer(template, eos=eos, bos="<s>" if eos == "</s>" else "<|begin_of_text|>")
+        enc = Encoder(tok, SimpleNamespace(format="auto", train_on=train_on, max_length=512, add_special_tokens=False),
+                      stop_token_ids(tok))
+        assert enc.splicer is not None
+        pairs = [(row, read_sample(row, "auto", train_on)[0]) for row in rows if not row_problems(row, "auto", train_on)]
+        assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs], train_on
+        spliced += sum(1 for _, s in pairs if hasattr(s, "messages")
+                       and enc.splicer.splice(s, enc.render, None) is not None)
+    assert spliced > 20, spliced
+
+
+LOOP = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+END = "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+
+
+@pytest.mark.parametrize("use, proved", [
+    ("{% if 'tool_calls' in m %}T{% endif %}{{ m.content }}", True),
+    ("{% if 'weight' not in m %}{{ m.content }}{% endif %}", True),
+    ("{% if m == messages[-1] %}L{% endif %}{{ m['content'] }}", True),
+    ("{% if m.content.content is defined %}{{ m.content.content }}{% else %}{{ m.content }}{% endif %}", True),
+    ("{% if m.content.upper is defined %}U{% endif %}{{ m.content }}", True),
+    ("{{ m.content | tojson }}", True),  # proved opaque but escaping: the probe render sends such rows row by row
+    ("{% if 'x' in m.content %}X{% endif %}", False),
+    ("{% if m.content == messages[0].content %}S{% endif %}", False),
+    ("{% if m == 'hi' %}S{% endif %}", False),
+    ("{{ m.content.upper() }}", False),
+    ("{{ m.content | tojson(indent=2) }}", False),
+], ids=lambda value: str(value)[:40])
+def test_structure_only_constructs_are_proved_and_content_uses_refused(use, proved):
+    from pytest_ftready.data.skeleton import opaque
+
+    assert opaque(LOOP + use + END) is proved
+
+
+@pytest.mark.parametrize("use", ["{{ m.content | tojson }}", "{% if m == messages[0] %}F{% endif %}{{ m['content'] }}"])
+def test_escaping_and_equal_messages_splice_exactly_or_go_row_by_row(use):
+    from pytest_ftready.tiny import build_tokenizer
+
+    tok = build_tokenizer(LOOP + use + END)
+    enc = Encoder(tok, SimpleNamespace(format="messages", train_on="assistant", max_length=512, add_special_tokens=False),
+                  stop_token_ids(tok))
+    same = [{"role": "user", "content": "say \"hi\"\n"}, {"role": "assistant", "content": "hi"},
+            {"role": "user", "content": "say \"hi\"\n"}, {"role": "assistant", "content": "hi"}]
+    rows = [Row("t.jsonl", 1, {"messages": same}), Row("t.jsonl", 2, {"messages": same[:2] + [
+        {"role": "user", "content": "again"}, {"role": "assistant", "content": "hi"}]})]
+    pairs = [(row, read_sample(row, "messages", "assistant")[0]) for row in rows]
+    assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
+    taken = [enc.splicer.splice(s, enc.render, None) is not None for _, s in pairs]
+    assert taken == ([False, False] if "tojson" in use else [True, True])
+
+
+def test_reasoning_content_a_template_drops_is_named_and_one_it_renders_passes(tokenizers):
+    dropped = encode(encoder(tokenizers, "phi3", PHI3_GGUF), REASONING_APART[1:])  # no reasoning branch
+    assert dropped.problems == (("reasoning_dropped", "the chat template drops the reasoning_content of messages[1]: "
+                                 "the model would be trained to answer without it"),)
+    assert encode(encoder(tokenizers, "qwen35", QWEN35), REASONING_APART).problems == ()
+    # earlier turns' reasoning that Qwen 3.5 strips is not judged under last_assistant: those turns do not train
+    earlier = [REASONING_APART[1], REASONING_APART[2], {"role": "user", "content": "And the lamps?"},
+               {"role": "assistant", "content": "Kalo sees three lamps."}]
+    assert encode(encoder(tokenizers, "qwen35", QWEN35), earlier).problems == ()
