@@ -36,7 +36,16 @@ def reserved_tokens(tokenizer) -> tuple[str, ...]:
     written = _probe_render(tokenizer) if source else ""
     # mentioned by the template, but not among what it writes around turns: its content convention
     allowed = {t for t in special if t in source and t not in written} if written is not None else set()
+    # split on, or looked for in, a message's content by the template (a reasoning template's
+    # <think> / </think>, which it also writes as an empty block): content it parses, not a turn
+    allowed |= {t for t in special if t in source and _parsed_from_content(t, source)}
     return tuple(sorted(special - allowed, key=lambda t: (-len(t), t)))
+
+
+def _parsed_from_content(token: str, source: str) -> bool:
+    """Whether the template source splits a string on ``token`` or tests ``'token' in ...content``."""
+    quoted = rf"(['\"]){re.escape(token)}\1"
+    return re.search(rf"split\(\s*{quoted}|{quoted}\s+in\s+[\w.\[\]'\"]*content", source) is not None
 
 
 def _probe_render(tokenizer) -> Optional[str]:

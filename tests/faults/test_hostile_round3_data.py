@@ -329,6 +329,19 @@ def test_reserved_tokens_of_the_tiny_tokenizer(make_state):
     assert reserved_tokens(tokenizer) == ()
 
 
+def test_a_reasoning_templates_think_tags_are_content_its_turn_tokens_are_not(make_state):
+    """Qwen 3.5's template writes an empty <think></think> block itself and splits content on the
+    tags: they are its content convention; <|im_end|> and <|im_start|> stay reserved."""
+    from pathlib import Path
+
+    from pytest_ftready.data.specials import reserved_tokens
+
+    tokenizer = make_state().tokenizer
+    tokenizer.chat_template = (Path(__file__).parents[1] / "data" / "templates" / "Qwen3.5-4B.jinja").read_text()
+    found = set(reserved_tokens(tokenizer))
+    assert {"<|im_start|>", "<|im_end|>", "</s>"} <= found and not {"<think>", "</think>"} & found
+
+
 def test_rows_with_special_tokens_are_marked_the_same_in_worker_processes(make_state, tiny_example):
     from dataclasses import replace as changed
 
