@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Optional
 
 from .base import ResumeRequest, ResumeRun, RunInputs, SavedRun, StepLog, Trainer
@@ -32,6 +33,59 @@ def resume(trainer: Trainer, inputs: RunInputs, saved: SavedRun, timeout_s: Opti
     resumed = [StepLog(*log) for log in payload["logs"]]
     return ResumeRun(saved.straight_losses, [log.loss for log in resumed], saved.steps, saved.checkpoint_bytes,
                      trainer.difference(saved, resumed), trainer.step_trainer)
+
+
+@dataclass(frozen=True)
+class InterruptedResume:
+    """What the trainer's resume did with the run's folder as a save killed before ``missing`` left it."""
+
+    missing: str  # the file the killed save was writing (it and all after it absent)
+    written: int  # the resume files complete when it died
+    files: int  # the resume files of a complete checkpoint
+    partial: str  # the name of the checkpoint the killed save left
+    picked: str  # the name of the checkpoint the trainer's resume starts from
+    refusal: str  # the trainer's message refusing the partial checkpoint; "" where it resumed from it
+
+    @property
+    def taken_as_complete(self) -> bool:
+        return self.picked == self.partial and not self.refusal
+
+
+def interrupted_saves(trainer: Trainer, inputs: RunInputs, saved: SavedRun,
+                      timeout_s: Optional[float] = None) -> list[InterruptedResume]:
+    """The save of the checkpoint after ``saved``'s killed before each file a resume needs
+    (``engine.interrupted``); each time, which checkpoint the trainer's resume picks and, where it
+    picks the partial one, whether its own resume refuses it: its check before a resume, then
+    its resume in a fresh process. It stops at the first partial checkpoint taken as complete."""
+    from dataclasses import replace
+
+    from ..engine.interrupted import killed_saves
+    from ..outcomes import Fail, Skip
+
+    files = trainer.resume_files(saved.checkpoint)
+    inputs.progress(f"lifecycle.interrupted_save: a save of {trainer.label} killed before each of its "
+                    f"{len(files)} files, then its resume", True)
+    out: list[InterruptedResume] = []
+    for killed in killed_saves(saved.folder, saved.checkpoint, files, saved.steps, inputs.scratch / "interrupted-saves"):
+        picked = Path(trainer.resume_pick(killed.folder, killed.partial))
+        refusal = ""
+        if picked.resolve() == killed.partial.resolve():
+            try:
+                trainer.check_saved(replace(saved, folder=killed.folder, checkpoint=picked))
+                request = ResumeRequest(str(inputs.recipe.source), str(killed.folder), str(picked), saved.steps,
+                                        asdict(inputs.device))
+                payload = run(trainer.name, request, timeout_s)
+            except Fail as exc:  # its check, or its resume stopping with an error
+                refusal = str(exc)
+            else:
+                if "skip" in payload:
+                    raise Skip(payload["skip"])
+                refusal = f"the checkpoint lacks {payload['missing']}" if "missing" in payload else ""
+        out.append(InterruptedResume(killed.missing, len(killed.written), len(files), killed.partial.name,
+                                     picked.name, refusal))
+        if out[-1].taken_as_complete:  # the verdict is known: no more fresh processes
+            break
+    return out
 
 
 def command(trainer: str, request: ResumeRequest) -> list[str]:
