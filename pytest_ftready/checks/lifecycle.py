@@ -56,13 +56,14 @@ def interrupted_save(ctx) -> None:
     ctx.measure("killed_saves", len(results), "saves")
     ctx.measure("resumed_from_complete", sum(r.picked != r.partial for r in results), "saves")
     ctx.measure("partial_refused", sum(bool(r.refusal) for r in results), "saves")
-    taken = next((r for r in results if r.taken_as_complete), None)
-    if taken is None:
+    taken = [r for r in results if r.taken_as_complete]
+    if not taken:
         return
-    limit = ctx.recipe.training.save_total_limit
-    raise Fail(f"{trainer}: a save killed before {taken.missing} was written leaves {taken.partial} with "
-               f"{taken.written} of the {taken.files} files a resume needs, and the resume takes it as complete: it "
-               f"starts from {taken.picked} without {taken.missing} and says nothing. Keep save_total_limit >= 2 "
+    first, limit = taken[0], ctx.recipe.training.save_total_limit
+    also = "" if len(taken) == 1 else f" (likewise without {', '.join(r.missing for r in taken[1:])})"
+    raise Fail(f"{trainer}: a save killed before {first.missing} was written leaves {first.partial} with "
+               f"{first.written} of the {first.files} files a resume needs, and the resume takes it as complete: it "
+               f"starts from {first.picked} without {first.missing} and says nothing{also}. Keep save_total_limit >= 2 "
                f"(the recipe's is {limit}) so a complete checkpoint survives, verify that trainer_state.json and the "
                "optimizer file (optimizer.pt) are in a checkpoint before resuming from it, or resume from an "
                "explicit earlier checkpoint (resume_from_checkpoint = its folder) rather than the newest")

@@ -2,7 +2,9 @@
 ``python -m pytest_ftready.trainers.worker TRAINER REQUEST THREADS`` (REQUEST: a
 ``base.ResumeRequest`` as JSON) prints one JSON line: ``{"logs": [[step, loss, learning_rate,
 tokens], ...]}`` for the steps trained after the resume, ``{"missing": what}`` when the
-checkpoint lacks a piece the resume needs, ``{"skip": why}`` when the run cannot be made here."""
+checkpoint lacks a piece the resume needs, ``{"skip": why}`` when the run cannot be made here.
+REQUEST may be a list (``lifecycle.interrupted_save``): each resumed in turn in the same process,
+``{"each": [one object per request]}``, an error that resume's ``{"error": what}``."""
 
 from __future__ import annotations
 
@@ -55,8 +57,8 @@ def interrupted_saves(trainer: Trainer, inputs: RunInputs, saved: SavedRun,
                       timeout_s: Optional[float] = None) -> list[InterruptedResume]:
     """The save of the checkpoint after ``saved``'s killed before each file a resume needs
     (``engine.interrupted``); each time, which checkpoint the trainer's resume picks and, where it
-    picks the partial one, whether its own resume refuses it: its check before a resume, then
-    its resume in a fresh process. It stops at the first partial checkpoint taken as complete."""
+    picks the partial one, whether its own resume refuses it: its check before a resume, then its
+    resume, every one in the same fresh process (one start, however many files)."""
     from dataclasses import replace
 
     from ..engine.interrupted import killed_saves
@@ -65,40 +67,42 @@ def interrupted_saves(trainer: Trainer, inputs: RunInputs, saved: SavedRun,
     files = trainer.resume_files(saved.checkpoint)
     inputs.progress(f"lifecycle.interrupted_save: a save of {trainer.label} killed before each of its "
                     f"{len(files)} files, then its resume", True)
-    out: list[InterruptedResume] = []
-    for killed in killed_saves(saved.folder, saved.checkpoint, files, saved.steps, inputs.scratch / "interrupted-saves"):
-        picked = Path(trainer.resume_pick(killed.folder, killed.partial))
-        refusal = ""
-        if picked.resolve() == killed.partial.resolve():
+    with killed_saves(saved.folder, saved.checkpoint, files, saved.steps, inputs.scratch / "interrupted-saves") as killed:
+        picks = [Path(trainer.resume_pick(k.folder, k.partial)) for k in killed]
+        refusals, requests = {}, {}
+        for i, (k, picked) in enumerate(zip(killed, picks)):
+            if picked.resolve() != k.partial.resolve():
+                continue  # it resumes from the complete checkpoint
             try:
-                trainer.check_saved(replace(saved, folder=killed.folder, checkpoint=picked))
-                request = ResumeRequest(str(inputs.recipe.source), str(killed.folder), str(picked), saved.steps,
-                                        asdict(inputs.device))
-                payload = run(trainer.name, request, timeout_s)
-            except Fail as exc:  # its check, or its resume stopping with an error
-                refusal = str(exc)
+                trainer.check_saved(replace(saved, folder=k.folder, checkpoint=picked))
+            except Fail as exc:
+                refusals[i] = str(exc)
             else:
-                if "skip" in payload:
-                    raise Skip(payload["skip"])
-                refusal = f"the checkpoint lacks {payload['missing']}" if "missing" in payload else ""
-        out.append(InterruptedResume(killed.missing, len(killed.written), len(files), killed.partial.name,
-                                     picked.name, refusal))
-        if out[-1].taken_as_complete:  # the verdict is known: no more fresh processes
-            break
-    return out
+                requests[i] = ResumeRequest(str(inputs.recipe.source), str(k.folder), str(picked), saved.steps,
+                                            asdict(inputs.device))
+        payloads = run(trainer.name, list(requests.values()), timeout_s)["each"] if requests else []
+        for i, payload in zip(requests, payloads):
+            if "skip" in payload:
+                raise Skip(payload["skip"])
+            refusals[i] = (f"the checkpoint lacks {payload['missing']}" if "missing" in payload
+                           else f"its resume stopped: {payload['error']}" if "error" in payload else "")
+        return [InterruptedResume(k.missing, len(k.written), len(files), k.partial.name, picked.name,
+                                  refusals.get(i, "")) for i, (k, picked) in enumerate(zip(killed, picks))]
 
 
-def command(trainer: str, request: ResumeRequest) -> list[str]:
+def command(trainer: str, request) -> list[str]:
     """The argv that runs this module in a fresh interpreter, with this process's thread count."""
     import torch
 
-    return [sys.executable, "-m", "pytest_ftready.trainers.worker", trainer, json.dumps(asdict(request)),
+    told = [asdict(r) for r in request] if isinstance(request, list) else asdict(request)
+    return [sys.executable, "-m", "pytest_ftready.trainers.worker", trainer, json.dumps(told),
             str(torch.get_num_threads())]
 
 
-def run(trainer: str, request: ResumeRequest, timeout_s: Optional[float] = None) -> dict:
-    """The JSON object the fresh process printed last. A worker that fails, or outlives
-    ``timeout_s``, is a Fail naming its last error line."""
+def run(trainer: str, request, timeout_s: Optional[float] = None) -> dict:
+    """The JSON object the fresh process printed last (``request``: one ResumeRequest, or a list
+    of them, each resumed in turn: ``{"each": [one object per request]}``). A worker that fails,
+    or outlives ``timeout_s``, is a Fail naming its last error line."""
     import os
     import subprocess
 
@@ -120,24 +124,36 @@ def run(trainer: str, request: ResumeRequest, timeout_s: Optional[float] = None)
 def main(argv: list[str]) -> int:
     import torch
 
-    from ..engine.checkpoint import MissingState
-    from ..outcomes import Skip
     from ..recipe import load_recipe
     from . import trainer_named
 
     name, request_json, threads = argv
     torch.set_num_threads(int(threads))
-    request = ResumeRequest(**json.loads(request_json))
-    try:
-        logs = trainer_named(name).resume_here(request, load_recipe(request.recipe))
-    except MissingState as exc:
-        print(json.dumps({"missing": str(exc)}))
-        return 0
-    except Skip as exc:
-        print(json.dumps({"skip": str(exc)}))
-        return 0
-    print(json.dumps({"logs": [log.to_list() for log in logs]}))
+    told = json.loads(request_json)
+    trainer = trainer_named(name)
+    if isinstance(told, list):  # every resume of lifecycle.interrupted_save; an error is that resume's answer
+        print(json.dumps({"each": [_resumed(trainer, ResumeRequest(**r), load_recipe(r["recipe"]), errors=True)
+                                   for r in told]}))
+    else:
+        print(json.dumps(_resumed(trainer, ResumeRequest(**told), load_recipe(told["recipe"]))))
     return 0
+
+
+def _resumed(trainer: Trainer, request: ResumeRequest, recipe, errors: bool = False) -> dict:
+    from ..engine.checkpoint import MissingState
+    from ..outcomes import Skip
+
+    try:
+        logs = trainer.resume_here(request, recipe)
+    except MissingState as exc:
+        return {"missing": str(exc)}
+    except Skip as exc:
+        return {"skip": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - told back as this resume's answer when asked for
+        if not errors:
+            raise
+        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    return {"logs": [log.to_list() for log in logs]}
 
 
 if __name__ == "__main__":
