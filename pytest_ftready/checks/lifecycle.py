@@ -1,5 +1,6 @@
-"""Lifecycle checks: save, resume in a fresh process and get the same losses; load the saved
-artifact (adapter and merged model) and generate what the in-memory model generated."""
+"""Lifecycle checks: save, resume in a fresh process and get the same losses; a save killed
+before each of its files, then the trainer's resume; load the saved artifact (adapter and merged
+model) and generate what the in-memory model generated."""
 
 from __future__ import annotations
 
@@ -55,3 +56,25 @@ def generate(ctx) -> None:
                  else "the stop token is not trained")
         raise Fail(f"after the overfit the model does not stop within {ctx.recipe.checks.max_new_tokens} tokens "
                    f"(no end-of-turn token): it generated {tok.decode(expected)!r}; {cause}")
+
+
+@check("lifecycle.interrupted_save", stage=STAGES["lifecycle"] + 2, requires=("lifecycle.resume",))
+def interrupted_save(ctx) -> None:
+    """A save killed before each of its files: the resume starts from the last complete checkpoint or refuses the partial one."""
+    results = ctx.state.interrupted_saves
+    trainer = ctx.state.trainer.step_trainer
+    ctx.measure("checkpoint_files", results[0].files if results else 0, "files")
+    ctx.measure("killed_saves", len(results), "saves")
+    ctx.measure("resumed_from_complete", sum(r.picked != r.partial for r in results), "saves")
+    ctx.measure("partial_refused", sum(bool(r.refusal) for r in results), "saves")
+    taken = [r for r in results if r.taken_as_complete]
+    if not taken:
+        return
+    first, limit = taken[0], ctx.recipe.training.save_total_limit
+    also = "" if len(taken) == 1 else f" (likewise without {', '.join(r.missing for r in taken[1:])})"
+    raise Fail(f"{trainer}: a save killed before {first.missing} was written leaves {first.partial} with "
+               f"{first.written} of the {first.files} files a resume needs, and the resume takes it as complete: it "
+               f"starts from {first.picked} without {first.missing} and says nothing{also}. Keep save_total_limit >= 2 "
+               f"(the recipe's is {limit}) so a complete checkpoint survives, verify that trainer_state.json and the "
+               "optimizer file (optimizer.pt) are in a checkpoint before resuming from it, or resume from an "
+               "explicit earlier checkpoint (resume_from_checkpoint = its folder) rather than the newest")

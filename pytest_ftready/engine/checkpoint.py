@@ -18,6 +18,10 @@ from .trainable import make_optimizer, make_scheduler, make_trainable, peft_quie
 STATE_FILE = "training_state.pt"
 EXAMPLES_FILE = "examples.json"
 REQUIRED_STATE = ("step", "optimizer", "scheduler", "rng.torch", "rng.python", "rng.numpy", "data_order")
+# The files of a saved model or adapter that loading it needs (not README.md, generation_config.json
+# or the tokenizer's): its config and its weights, whole or sharded.
+MODEL_FILE_PATTERNS = ("adapter_config.json", "adapter_model.*", "config.json", "model*.safetensors*",
+                       "pytorch_model*.bin*")
 
 
 class MissingState(Exception):
@@ -69,16 +73,37 @@ def checkpoint_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
 
 
+def model_files(folder: Path) -> list[str]:
+    """The files of ``folder`` that loading its model or adapter needs (``MODEL_FILE_PATTERNS``),
+    in the order they were written (modification time, then name)."""
+    found = {p for pattern in MODEL_FILE_PATTERNS for p in Path(folder).glob(pattern) if p.is_file()}
+    return [p.name for p in sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name))]
+
+
+def resume_files(folder: Path) -> list[str]:
+    """The files of the engine's complete checkpoint ``folder`` a resume needs, in the order
+    ``save_checkpoint`` writes them: the weights or adapter, the training state, the examples."""
+    return [f"weights/{name}" for name in model_files(Path(folder) / "weights")] + [STATE_FILE, EXAMPLES_FILE]
+
+
 def load_state(folder: Path) -> dict:
-    """The saved training state; MissingState names the first piece that is absent."""
+    """The saved training state; MissingState names the first piece that is absent (a save
+    interrupted mid-write leaves a folder without its later files)."""
     import torch
 
     folder = Path(folder)
-    if not (folder / "weights").is_dir():
+    weights = folder / "weights"
+    if not weights.is_dir():
         raise MissingState("weights (the adapter or model folder)")
+    names = set(model_files(weights))
+    if not names & {"adapter_config.json", "config.json"}:
+        raise MissingState("weights/adapter_config.json or weights/config.json (the saved config)")
+    if not names - {"adapter_config.json", "config.json"}:
+        raise MissingState("weights/adapter_model.safetensors or weights/model.safetensors (the saved weights)")
+    for name in (STATE_FILE, EXAMPLES_FILE):
+        if not (folder / name).is_file():
+            raise MissingState(name)
     path = folder / STATE_FILE
-    if not path.is_file():
-        raise MissingState(STATE_FILE)
     state = torch.load(path, weights_only=True)
     for name in REQUIRED_STATE:
         node = state

@@ -463,6 +463,14 @@ class RecipeState:
         return replace(self.run_inputs(), recipe=rehearsal_recipe(self.recipe))
 
     @fact
+    def interrupted_saves(self):
+        """The save after ``saved_run``'s checkpoint killed before each file, and what the trainer's
+        resume did each time (trainers.worker.InterruptedResume)."""
+        from ..trainers.worker import interrupted_saves
+
+        return interrupted_saves(self.trainer, self.run_inputs(), self.saved_run)
+
+    @fact
     def sustained(self):
         """The recipe's step trained for the sustained window with telemetry (engine.sustained_run)."""
         from ..engine.sustained_run import run_sustained

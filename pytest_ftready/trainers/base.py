@@ -374,5 +374,15 @@ class Trainer:
                            if inputs.recipe.training.gradient_accumulation_steps == REHEARSAL_ACCUMULATION else ""), True)
         return steps, resume_examples(inputs.recipe, inputs.examples, steps)
 
+    def resume_files(self, checkpoint: Path) -> list[str]:  # pragma: no cover - interface
+        """The files of the complete ``checkpoint`` a resume needs, in the order this trainer's save
+        writes them (``lifecycle.interrupted_save`` kills a save before each)."""
+        raise NotImplementedError
+
+    def resume_pick(self, folder: Path, newest: Path) -> Path:
+        """The checkpoint this trainer's resume starts from in the run folder ``folder``, whose
+        newest save is ``newest``: by default the one it is handed."""
+        return newest
+
     def check_saved(self, saved: SavedRun) -> None:
         """Before a fresh process resumes ``saved``: a Fail when the checkpoint cannot be resumed."""

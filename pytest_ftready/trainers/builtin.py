@@ -68,11 +68,16 @@ class EngineTrainer(Trainer):
         logs = tuple(StepLog(i, loss) for i, loss in enumerate(run.straight_losses, start=1))
         return SavedRun(run.folder, run.folder, steps, logs, run.checkpoint_bytes, run.exact)
 
+    def resume_files(self, checkpoint: Path) -> list[str]:
+        from ..engine.checkpoint import resume_files
+
+        return resume_files(checkpoint)
+
     def check_saved(self, saved: SavedRun) -> None:
         from ..engine.checkpoint import MissingState, load_state
 
         try:
-            load_state(saved.folder)
+            load_state(saved.checkpoint)
         except MissingState as exc:
             raise Fail(f"the checkpoint lacks {exc}: a resume cannot continue the run") from None
 

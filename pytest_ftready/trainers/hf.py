@@ -117,6 +117,21 @@ class HFTrainer(Trainer):
             train(built.trainer, resume_from_checkpoint=request.checkpoint)
         return logger.logs
 
+    def resume_files(self, checkpoint: Path) -> list[str]:
+        """The model or adapter files (``Trainer.save_model``), then optimizer.pt, scheduler.pt,
+        rng_state.pth and trainer_state.json last: the order of ``Trainer._save_checkpoint``."""
+        from ..engine.checkpoint import model_files
+
+        return model_files(checkpoint) + [name for name, _ in CHECKPOINT_PARTS if (Path(checkpoint) / name).is_file()]
+
+    def resume_pick(self, folder: Path, newest: Path) -> Path:
+        """What ``resume_from_checkpoint=True`` resumes (as TRL's, Axolotl's and LLaMA-Factory's
+        auto-resume do): ``transformers.trainer_utils.get_last_checkpoint``, the highest-numbered
+        ``checkpoint-N`` folder, complete or not."""
+        from transformers.trainer_utils import get_last_checkpoint
+
+        return Path(get_last_checkpoint(str(folder)) or newest)
+
     def difference(self, saved: SavedRun, resumed: Sequence[StepLog]) -> str:
         return resume_difference(saved.logs, resumed, saved.checkpoint, saved.exact)
 

@@ -2,13 +2,16 @@
 ``python -m pytest_ftready.trainers.worker TRAINER REQUEST THREADS`` (REQUEST: a
 ``base.ResumeRequest`` as JSON) prints one JSON line: ``{"logs": [[step, loss, learning_rate,
 tokens], ...]}`` for the steps trained after the resume, ``{"missing": what}`` when the
-checkpoint lacks a piece the resume needs, ``{"skip": why}`` when the run cannot be made here."""
+checkpoint lacks a piece the resume needs, ``{"skip": why}`` when the run cannot be made here.
+REQUEST may be a list (``lifecycle.interrupted_save``): each resumed in turn in the same process,
+``{"each": [one object per request]}``, an error that resume's ``{"error": what}``."""
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Optional
 
 from .base import ResumeRequest, ResumeRun, RunInputs, SavedRun, StepLog, Trainer
@@ -34,17 +37,72 @@ def resume(trainer: Trainer, inputs: RunInputs, saved: SavedRun, timeout_s: Opti
                      trainer.difference(saved, resumed), trainer.step_trainer)
 
 
-def command(trainer: str, request: ResumeRequest) -> list[str]:
+@dataclass(frozen=True)
+class InterruptedResume:
+    """What the trainer's resume did with the run's folder as a save killed before ``missing`` left it."""
+
+    missing: str  # the file the killed save was writing (it and all after it absent)
+    written: int  # the resume files complete when it died
+    files: int  # the resume files of a complete checkpoint
+    partial: str  # the name of the checkpoint the killed save left
+    picked: str  # the name of the checkpoint the trainer's resume starts from
+    refusal: str  # the trainer's message refusing the partial checkpoint; "" where it resumed from it
+
+    @property
+    def taken_as_complete(self) -> bool:
+        return self.picked == self.partial and not self.refusal
+
+
+def interrupted_saves(trainer: Trainer, inputs: RunInputs, saved: SavedRun,
+                      timeout_s: Optional[float] = None) -> list[InterruptedResume]:
+    """The save of the checkpoint after ``saved``'s killed before each file a resume needs
+    (``engine.interrupted``); each time, which checkpoint the trainer's resume picks and, where it
+    picks the partial one, whether its own resume refuses it: its check before a resume, then its
+    resume, every one in the same fresh process (one start, however many files)."""
+    from dataclasses import replace
+
+    from ..engine.interrupted import killed_saves
+    from ..outcomes import Fail, Skip
+
+    files = trainer.resume_files(saved.checkpoint)
+    inputs.progress(f"lifecycle.interrupted_save: a save of {trainer.label} killed before each of its "
+                    f"{len(files)} files, then its resume", True)
+    with killed_saves(saved.folder, saved.checkpoint, files, saved.steps, inputs.scratch / "interrupted-saves") as killed:
+        picks = [Path(trainer.resume_pick(k.folder, k.partial)) for k in killed]
+        refusals, requests = {}, {}
+        for i, (k, picked) in enumerate(zip(killed, picks)):
+            if picked.resolve() != k.partial.resolve():
+                continue  # it resumes from the complete checkpoint
+            try:
+                trainer.check_saved(replace(saved, folder=k.folder, checkpoint=picked))
+            except Fail as exc:
+                refusals[i] = str(exc)
+            else:
+                requests[i] = ResumeRequest(str(inputs.recipe.source), str(k.folder), str(picked), saved.steps,
+                                            asdict(inputs.device))
+        payloads = run(trainer.name, list(requests.values()), timeout_s)["each"] if requests else []
+        for i, payload in zip(requests, payloads):
+            if "skip" in payload:
+                raise Skip(payload["skip"])
+            refusals[i] = (f"the checkpoint lacks {payload['missing']}" if "missing" in payload
+                           else f"its resume stopped: {payload['error']}" if "error" in payload else "")
+        return [InterruptedResume(k.missing, len(k.written), len(files), k.partial.name, picked.name,
+                                  refusals.get(i, "")) for i, (k, picked) in enumerate(zip(killed, picks))]
+
+
+def command(trainer: str, request) -> list[str]:
     """The argv that runs this module in a fresh interpreter, with this process's thread count."""
     import torch
 
-    return [sys.executable, "-m", "pytest_ftready.trainers.worker", trainer, json.dumps(asdict(request)),
+    told = [asdict(r) for r in request] if isinstance(request, list) else asdict(request)
+    return [sys.executable, "-m", "pytest_ftready.trainers.worker", trainer, json.dumps(told),
             str(torch.get_num_threads())]
 
 
-def run(trainer: str, request: ResumeRequest, timeout_s: Optional[float] = None) -> dict:
-    """The JSON object the fresh process printed last. A worker that fails, or outlives
-    ``timeout_s``, is a Fail naming its last error line."""
+def run(trainer: str, request, timeout_s: Optional[float] = None) -> dict:
+    """The JSON object the fresh process printed last (``request``: one ResumeRequest, or a list
+    of them, each resumed in turn: ``{"each": [one object per request]}``). A worker that fails,
+    or outlives ``timeout_s``, is a Fail naming its last error line."""
     import os
     import subprocess
 
@@ -66,25 +124,37 @@ def run(trainer: str, request: ResumeRequest, timeout_s: Optional[float] = None)
 def main(argv: list[str]) -> int:
     import torch
 
-    from ..engine.checkpoint import MissingState
-    from ..outcomes import Skip
     from ..recipe import load_recipe
     from . import trainer_named
     from .base import rehearsal_recipe
 
     name, request_json, threads = argv
     torch.set_num_threads(int(threads))
-    request = ResumeRequest(**json.loads(request_json))
-    try:
-        logs = trainer_named(name).resume_here(request, rehearsal_recipe(load_recipe(request.recipe)))
-    except MissingState as exc:
-        print(json.dumps({"missing": str(exc)}))
-        return 0
-    except Skip as exc:
-        print(json.dumps({"skip": str(exc)}))
-        return 0
-    print(json.dumps({"logs": [log.to_list() for log in logs]}))
+    told = json.loads(request_json)
+    trainer = trainer_named(name)
+    if isinstance(told, list):  # every resume of lifecycle.interrupted_save; an error is that resume's answer
+        print(json.dumps({"each": [_resumed(trainer, ResumeRequest(**r), rehearsal_recipe(load_recipe(r["recipe"])),
+                                            errors=True) for r in told]}))
+    else:
+        print(json.dumps(_resumed(trainer, ResumeRequest(**told), rehearsal_recipe(load_recipe(told["recipe"])))))
     return 0
+
+
+def _resumed(trainer: Trainer, request: ResumeRequest, recipe, errors: bool = False) -> dict:
+    from ..engine.checkpoint import MissingState
+    from ..outcomes import Skip
+
+    try:
+        logs = trainer.resume_here(request, recipe)
+    except MissingState as exc:
+        return {"missing": str(exc)}
+    except Skip as exc:
+        return {"skip": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - told back as this resume's answer when asked for
+        if not errors:
+            raise
+        return {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    return {"logs": [log.to_list() for log in logs]}
 
 
 if __name__ == "__main__":

@@ -101,6 +101,17 @@ def _checkpoint_without_numpy_rng(kit):
     return state
 
 
+def _resume_taking_a_partial_checkpoint(kit):
+    """A trainer with no check before its resume, whose resume trains from any folder it is handed."""
+    from pytest_ftready.trainers import worker
+    from pytest_ftready.trainers.builtin import EngineTrainer
+
+    kit.monkeypatch.setattr(EngineTrainer, "check_saved", lambda self, saved: None)
+    kit.monkeypatch.setattr(worker, "run", lambda trainer, requests, timeout_s=None: {
+        "each": [{"logs": [[3, 1.0, None, None]]} for _ in requests]})
+    return kit.make_state()
+
+
 def _with_step(kit, **figures):
     state = kit.make_state()
     state.step = dataclasses.replace(state.step, **figures)
@@ -215,6 +226,7 @@ PLANTS: dict[str, tuple[Callable, str]] = {
     "data.loader": (lambda k: _with_step(k, step_seconds=1e-9), "the accelerator waits on data"),
     "model.overfit": (lambda k: k.make_state(overfit_steps="1"), "overfit of 8 examples"),
     "lifecycle.resume": (_checkpoint_without_numpy_rng, "the checkpoint lacks"),
+    "lifecycle.interrupted_save": (_resume_taking_a_partial_checkpoint, "and the resume takes it as complete"),
     "lifecycle.generate": (lambda k: k.make_state(overfit_steps="2", overfit_loss="0.1\nmax_new_tokens = 1"),
                            "does not stop within 1"),
     "distributed.launch": (_rank_dies, "rank 1 failed in phase 'join'"),
