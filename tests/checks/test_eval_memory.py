@@ -115,3 +115,17 @@ def test_llamafactorys_val_size_becomes_the_eval_split(tmp_path):
     assert recipe.data.eval_split == 0.1 and recipe.training.eval_batch_size == 2
     all_checks()
     assert REGISTRY["model.eval_memory"].applies(recipe) is None
+
+
+@pytest.mark.parametrize("size, split, noted", [(0.1, 0.1, False), (200, 0.0, True)])
+def test_axolotls_val_set_size_is_a_share_or_a_noted_count(tmp_path, size, split, noted):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "data").mkdir()
+    row = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    (tmp_path / "data" / "train.jsonl").write_text(json.dumps(row) + "\n")
+    (tmp_path / "axolotl.yml").write_text(
+        f"base_model: model\nmicro_batch_size: 2\neval_batch_size: 3\nval_set_size: {size}\ndatasets:\n"
+        "  - path: data/train.jsonl\n    type: chat_template\n")
+    recipe = load_recipe(tmp_path / "axolotl.yml")
+    assert recipe.data.eval_split == split and recipe.training.eval_batch_size == 3
+    assert any(c.startswith("val_set_size") and "200 rows held out" in c for c in recipe.origin.caveats) == noted
