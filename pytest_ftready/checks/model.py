@@ -119,14 +119,14 @@ def eval_memory(ctx) -> None:
     ctx.measure("eval_logits_on_device", on_device, "bytes")
     ctx.measure("eval_logits_on_host", on_host, "bytes")
     ctx.measure("eval_need_bytes", need, "bytes")
-    remedies = [f"lower [training] {batch}"]
-    if keeps_logits:
-        if not t.eval_accumulation_steps and device.is_accelerator:
-            remedies.insert(0, "set eval_accumulation_steps (moves the kept logits to host memory every N eval batches)")
-        remedies.insert(0, f"set prediction_loss_only = true, or a preprocess_logits_for_metrics that keeps argmax ids "
-                           f"(the logits are {rows} rows x max_length {recipe.data.max_length} x vocab "
-                           f"{measured.vocab_size} x {measured.logits_element_bytes} bytes)")
-        remedies.append("evaluate fewer rows ([data] eval / eval_split)")
+    # what lowers the kept logits wherever they are, what moves them off the device, what lowers the forward
+    fewer_logits = ([f"set prediction_loss_only = true, or a preprocess_logits_for_metrics that keeps argmax ids "
+                     f"(the logits are {rows} rows x max_length {recipe.data.max_length} x vocab "
+                     f"{measured.vocab_size} x {measured.logits_element_bytes} bytes)",
+                     "evaluate fewer rows ([data] eval / eval_split)"] if keeps_logits else [])
+    moved = (["set eval_accumulation_steps (moves the kept logits to host memory every N eval batches)"]
+             if keeps_logits and not t.eval_accumulation_steps and device.is_accelerator else [])
+    remedies = fewer_logits[:1] + moved + [f"lower [training] {batch}"] + fewer_logits[1:]
     if capacity:
         usable = int(capacity * (1 - headroom))
         ctx.measure("device_capacity", capacity, "bytes")
@@ -140,7 +140,7 @@ def eval_memory(ctx) -> None:
     if host_total and device.is_accelerator and on_host > int(host_total * (1 - headroom)):
         raise Fail(f"the logits of {rows} eval rows reach {human_bytes(on_host)} in host memory once moved there, "
                    f"but this machine has {human_bytes(host_total)} of RAM less the {headroom:.0%} memory_headroom; "
-                   + "; or ".join(remedies[:1] + remedies[2:]))
+                   + "; or ".join(fewer_logits))
     if not capacity:
         raise Skip("the device's capacity is unknown here: the evaluation's figures are recorded but not compared")
 

@@ -129,3 +129,49 @@ def test_axolotls_val_set_size_is_a_share_or_a_noted_count(tmp_path, size, split
     recipe = load_recipe(tmp_path / "axolotl.yml")
     assert recipe.data.eval_split == split and recipe.training.eval_batch_size == 3
     assert any(c.startswith("val_set_size") and "200 rows held out" in c for c in recipe.origin.caveats) == noted
+
+
+LLAMA_VOCAB = 128_256  # Llama 3's
+
+
+def described_h100(make_state, rows: int, training: str):
+    """The tiny recipe on a described 80 GiB H100 evaluating ``rows`` rows at max_length 2048, with the
+    engine's figures for a bfloat16 8B model given (what this CPU cannot measure); ``training`` adds keys
+    ("": the recipe as an earlier call left it)."""
+    from types import SimpleNamespace
+
+    from pytest_ftready.engine.step import EvalMeasurement
+    from tests import fakes
+
+    edits = {"max_length": "2048", "micro_batch_size": f"4\neval_batch_size = 8\n{training}"} if training else {}
+    state = make_state(machine=fakes.nvidia(), **edits)
+    state.eval_rows = rows
+    state.eval_step = EvalMeasurement(30 * 1024 ** 3, 80 * 1024 ** 3, 8, 8 * 2048, LLAMA_VOCAB, 2)
+    state.step = SimpleNamespace(breakdown=SimpleNamespace(optimizer_state_bytes=1024 ** 3))
+    return state
+
+
+def test_on_a_gpu_unset_eval_accumulation_steps_keeps_every_rows_logits_on_the_device(make_state, run_check):
+    state = described_h100(make_state, 2000, "compute_metrics = true")
+    message = fails(run_check, state, "model.eval_memory", "accumulate over 2000 eval rows",
+                    "set eval_accumulation_steps (moves the kept logits to host memory",
+                    "vocab 128256 x 2 bytes")
+    from pytest_ftready.units import human_bytes
+
+    assert f"{human_bytes(2000 * 2048 * (LLAMA_VOCAB * 2 + 8))} of logits accumulate" in message
+
+
+def test_on_a_gpu_eval_accumulation_steps_moves_the_logits_to_a_host_too_small_for_them(make_state, run_check):
+    state = described_h100(make_state, 2000, "compute_metrics = true\neval_accumulation_steps = 4")
+    message = fails(run_check, state, "model.eval_memory", "the logits of 2000 eval rows reach",
+                    "in host memory once moved there", "prediction_loss_only = true")
+    assert "eval_accumulation_steps" not in message and "eval_batch_size" not in message  # neither helps the host
+    got = values(run_check(described_h100(make_state, 20, ""), "model.eval_memory"))
+    assert got["eval_logits_on_device"] == 20 * 2048 * (LLAMA_VOCAB * 2 + 8)  # 20 rows < 4 batches of 8
+
+
+def test_on_a_gpu_prediction_loss_only_keeps_no_logits_and_fits(make_state, run_check):
+    state = described_h100(make_state, 2000, "compute_metrics = true\nprediction_loss_only = true")
+    got = values(run_check(state, "model.eval_memory"))
+    assert got["eval_logits_on_device"] == got["eval_logits_on_host"] == 0
+    assert got["eval_need_bytes"] == 31 * 1024 ** 3
