@@ -175,3 +175,11 @@ def test_on_a_gpu_prediction_loss_only_keeps_no_logits_and_fits(make_state, run_
     got = values(run_check(state, "model.eval_memory"))
     assert got["eval_logits_on_device"] == got["eval_logits_on_host"] == 0
     assert got["eval_need_bytes"] == 31 * 1024 ** 3
+
+
+def test_a_missing_eval_file_is_a_recipe_error_naming_the_key(tiny_example):
+    from pytest_ftready.recipe.schema import RecipeError
+
+    evaluating(tiny_example, data='eval = ["data/held_out.jsonl"]')
+    with pytest.raises(RecipeError, match=r"\[data\] eval.*held_out.jsonl"):
+        load_recipe(tiny_example / "recipe.toml")
