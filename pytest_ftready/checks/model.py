@@ -80,6 +80,71 @@ def step_memory(ctx) -> None:
         raise Skip(f"{' and '.join(unjudged)} unknown here: the step's peaks are recorded but not compared")
 
 
+def _evaluates(recipe):
+    """Why the recipe evaluates nothing (None: it evaluates)."""
+    if recipe.data.eval or recipe.data.eval_split:
+        return None
+    return ("the recipe evaluates nothing: no [data] eval files and [data] eval_split = 0 (the trainer's "
+            "eval_dataset / val_size)")
+
+
+@check("model.eval_memory", stage=STAGES["model.step"] + 1, requires=("model.step_memory",), applies=_evaluates)
+def eval_memory(ctx) -> None:
+    """The worst-case eval batch's forward, beside the optimizer state training keeps on the device, and
+    the logits the eval set accumulates for compute_metrics, fit the device."""
+    from ..engine.step import accumulated_eval_bytes
+
+    state, recipe, device = ctx.state, ctx.recipe, ctx.device
+    t, headroom = recipe.training, recipe.hardware.memory_headroom
+    rows, measured = state.eval_rows, state.eval_step
+    capacity = measured.capacity_bytes
+    batch = (f"eval_batch_size {measured.batch_size}"
+             + ("" if t.eval_batch_size else " (micro_batch_size; per_device_eval_batch_size)"))
+    ctx.measure("eval_rows", rows, "rows")
+    ctx.measure("eval_batch_size", measured.batch_size, "examples")
+    if measured.out_of_memory:
+        raise Fail(f"out of memory on {device.name} ({human_bytes(capacity or 0)}) evaluating {batch} x max_length "
+                   f"{recipe.data.max_length}: {measured.out_of_memory}; lower [training] eval_batch_size")
+    keeps_logits = t.compute_metrics and not t.prediction_loss_only
+    on_device, on_host = (accumulated_eval_bytes(rows, measured.batch_size, recipe.data.max_length, measured.vocab_size,
+                                                 measured.logits_element_bytes, t.eval_accumulation_steps)
+                          if keeps_logits else (0, 0))
+    if not device.is_accelerator:  # the device is host memory: the logits stay in it, moved or not
+        on_device = on_host
+    optimizer = state.step.breakdown.optimizer_state_bytes  # training's state stays on the device while it evaluates
+    need = measured.peak_bytes + optimizer + on_device
+    ctx.measure("eval_peak_bytes", measured.peak_bytes, "bytes")
+    ctx.measure("optimizer_state", optimizer, "bytes")
+    ctx.measure("eval_logits_kept", keeps_logits, "")
+    ctx.measure("eval_logits_on_device", on_device, "bytes")
+    ctx.measure("eval_logits_on_host", on_host, "bytes")
+    ctx.measure("eval_need_bytes", need, "bytes")
+    # what lowers the kept logits wherever they are, what moves them off the device, what lowers the forward
+    fewer_logits = ([f"set prediction_loss_only = true, or a preprocess_logits_for_metrics that keeps argmax ids "
+                     f"(the logits are {rows} rows x max_length {recipe.data.max_length} x vocab "
+                     f"{measured.vocab_size} x {measured.logits_element_bytes} bytes)",
+                     "evaluate fewer rows ([data] eval / eval_split)"] if keeps_logits else [])
+    moved = (["set eval_accumulation_steps (moves the kept logits to host memory every N eval batches)"]
+             if keeps_logits and not t.eval_accumulation_steps and device.is_accelerator else [])
+    remedies = fewer_logits[:1] + moved + [f"lower [training] {batch}"] + fewer_logits[1:]
+    if capacity:
+        usable = int(capacity * (1 - headroom))
+        ctx.measure("device_capacity", capacity, "bytes")
+        if need > usable:
+            raise Fail(f"evaluation needs {human_bytes(need)} on {device.name}: the {batch} forward peaks at "
+                       f"{human_bytes(measured.peak_bytes)}, the optimizer state {human_bytes(optimizer)} stays, and "
+                       f"{human_bytes(on_device)} of logits accumulate over {rows} eval rows, but it offers "
+                       f"{human_bytes(usable)} ({human_bytes(capacity)} less the {headroom:.0%} memory_headroom); "
+                       + "; or ".join(remedies))
+    host_total = ctx.machine.host.memory_total_bytes
+    if host_total and device.is_accelerator and on_host > int(host_total * (1 - headroom)):
+        raise Fail(f"the logits of {rows} eval rows reach {human_bytes(on_host)} in host memory once moved there, "
+                   f"but this machine has {human_bytes(host_total)} of RAM less the {headroom:.0%} memory_headroom; "
+                   + "; or ".join(fewer_logits))
+    if not capacity:
+        raise Skip("the device's capacity is unknown here: the evaluation's figures are recorded but not compared")
+
+
 @check("model.overfit", stage=STAGES["model.overfit"], requires=("data.masking", "model.step_memory"))
 def model_overfit(ctx) -> None:
     """A handful of examples reach the loss threshold; trainable weights change, frozen ones do not."""

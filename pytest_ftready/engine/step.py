@@ -91,3 +91,59 @@ def measure_step(recipe, examples: Sequence, pad_id: int, torch_device: str, sha
     return StepMeasurement(peak_bytes, capacity_bytes, peak.host_bytes, peak.host_method, tokens,
                            statistics.median(seconds), parts, layers, peak.device_allocated_bytes,
                            peak.device_reserved_bytes, vocab_size=vocab)
+
+
+@dataclass(frozen=True)
+class EvalMeasurement:
+    """One evaluation forward (no gradients) of the worst-case eval micro-batch, as the trainer's
+    evaluation loop runs it between training steps."""
+
+    peak_bytes: int  # as StepMeasurement.peak_bytes: allocator reserved peak (CPU: weights + live tensors)
+    capacity_bytes: Optional[int]
+    batch_size: int
+    tokens: int  # token positions of the eval micro-batch
+    vocab_size: int  # the logits' last dimension
+    logits_element_bytes: int  # of the logits the forward returned (what the trainer keeps)
+    out_of_memory: str = ""
+
+
+def accumulated_eval_bytes(eval_rows: int, batch_size: int, max_length: int, vocab_size: int,
+                           logits_element_bytes: int, accumulation_steps: int) -> tuple[int, int]:
+    """(device, host) bytes the kept logits and labels of an eval set grow to, as transformers'
+    ``Trainer.evaluation_loop`` keeps them (each batch padded to the longest, here max_length):
+    on the device until ``eval_accumulation_steps`` batches (0 = unset: the whole eval set), then
+    moved to host memory, where the whole set ends up either way."""
+    per_row = max_length * (vocab_size * logits_element_bytes + 8)  # logits + int64 labels
+    on_device_rows = eval_rows if not accumulation_steps else min(eval_rows, accumulation_steps * batch_size)
+    return on_device_rows * per_row, eval_rows * per_row
+
+
+def measure_eval_step(recipe, examples: Sequence, pad_id: int, torch_device: str, shared_base: Callable[[], Any], *,
+                      batch_size: int, capacity_bytes: Optional[int], count_tensors: bool) -> EvalMeasurement:
+    """Measure one evaluation forward of the ``batch_size`` longest examples at max_length, with
+    labels (the loss) and the logits kept, on the recipe's trainable model in eval mode."""
+    import torch
+
+    from .batches import to_device
+    from .memory import free_device_memory, peak_memory
+
+    batch = worst_case_batch(examples, batch_size, recipe.data.max_length, pad_id)
+    tokens = int(batch["input_ids"].numel())
+    with trainable(recipe, torch_device, shared_base) as model:
+        model.eval()
+        try:
+            with peak_memory(torch_device, count_tensors=count_tensors) as peak, torch.no_grad():
+                logits = model(**to_device(batch, torch_device)).logits
+                vocab, element = int(logits.shape[-1]), int(logits.element_size())
+                del logits
+        except (RuntimeError, MemoryError) as exc:  # any allocator's out of memory; other errors go on
+            reason = out_of_memory(exc)
+            if not reason:
+                raise
+            free_device_memory(torch_device)
+            return EvalMeasurement(capacity_bytes or 0, capacity_bytes, batch_size, tokens, 0, 0, reason)
+        finally:
+            model.train()
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    peak_bytes = peak.device_reserved_bytes if peak.device_reserved_bytes is not None else weights + peak.tensor_bytes
+    return EvalMeasurement(peak_bytes, capacity_bytes, batch_size, tokens, vocab, element)

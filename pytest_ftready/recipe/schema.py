@@ -116,6 +116,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "add_special_tokens": _k("bool", False, "the trainer tokenizes rendered text adding BOS/EOS"),
         "stop_tokens": _k("strs", [], "extra end-of-turn tokens besides EOS"),
         "roles": _k("table", {}, "ShareGPT speaker names mapped to roles, e.g. { bot = \"assistant\" }"),
+        "eval": _k("paths", [], "held-out evaluation files (jsonl/json/parquet/csv, or glob patterns) the run "
+                   "evaluates on (eval_dataset); [] with eval_split = 0: the run evaluates nothing",
+                   must_exist=True, globs=True),
+        "eval_split": _k("share", 0.0, "share of the training rows held out for evaluation (LLaMA-Factory val_size, "
+                         "Axolotl val_set_size, TRL test_split_size)"),
         "pipeline": _k("choice", "auto", "whose preprocessing and training step the checks run: auto = the "
                        "config's trainer where it is installed, else builtin (pytest-ftready's own)",
                        choices=("auto", "builtin", "trl", "axolotl", "llamafactory")),
@@ -160,6 +165,15 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "activation_offloading": _k("bool", False, "saved activations moved to host memory between forward and backward"),
         "trainable": _k("strs", [], "full fine-tune of only the parameters whose names match these regexes "
                         "(freeze / unfrozen_parameters); [] = every parameter"),
+        "eval_batch_size": _k("int", 0, "examples per evaluation forward pass (per_device_eval_batch_size); "
+                              "0 = micro_batch_size"),
+        "eval_accumulation_steps": _k("int", 0, "evaluation batches whose logits the trainer keeps on the device "
+                                      "before moving them to host memory; 0 = unset: kept on the device until "
+                                      "the whole eval set has run"),
+        "prediction_loss_only": _k("bool", False, "evaluation keeps only the loss, never the logits"),
+        "compute_metrics": _k("bool", False, "the trainer is handed a compute_metrics function (code, so never "
+                              "in a trainer's config): evaluation keeps every eval batch's logits for it "
+                              "unless prediction_loss_only"),
         "low_rank_optimizer": _k("choice", "none", "optimizer states kept in a low-rank projection (GaLore, APOLLO)",
                                  choices=("none", "galore", "apollo")),
     },

@@ -5,6 +5,7 @@ the saved checkpoint, the scan, the sustained run) are computed on demand and on
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -429,6 +430,27 @@ class RecipeState:
         """The built-in engine's worst-case step, the one every trainer's is shown beside."""
         engine = self._engine()
         return self.step if engine is None else engine.step(self.run_inputs())
+
+    @fact
+    def eval_rows(self) -> int:
+        """Rows the run evaluates on: every row of the [data] eval files, and eval_split of the training rows."""
+        from ..data.passes import run_pass
+
+        data = self.recipe.data
+        held_out = math.ceil(self.rows.rows * data.eval_split) if data.eval_split else 0
+        if not data.eval:
+            return held_out
+        return held_out + run_pass(data.eval, self.data_plan(), progress=self.progress).rows
+
+    @fact
+    def eval_step(self):
+        """The worst-case evaluation forward, measured by the built-in engine (engine.step.EvalMeasurement)."""
+        from ..engine.step import measure_eval_step
+
+        t, device = self.recipe.training, self.device
+        return measure_eval_step(self.recipe, self.training_examples(), self.tokenizer.pad_token_id, self.torch_device,
+                                 self.shared_base, batch_size=t.eval_batch_size or t.micro_batch_size,
+                                 capacity_bytes=device.memory_total_bytes, count_tensors=not device.is_accelerator)
 
     @fact
     def overfit(self):

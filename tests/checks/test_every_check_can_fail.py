@@ -223,6 +223,10 @@ PLANTS: dict[str, tuple[Callable, str]] = {
     "model.forecast_error": (_stops_early, "off the measured"),
     "model.step_memory": (lambda k: k.make_state(machine=k.machine_with(memory_total_bytes=4 * 1024 ** 2)),
                           "the worst-case step needs"),
+    "model.eval_memory": (lambda k: k.make_state(machine=k.machine_with(memory_total_bytes=24 * 1024 ** 2),
+                                                 packing="false\neval_split = 0.9",
+                                                 micro_batch_size="4\ncompute_metrics = true"),
+                          "of logits accumulate over 45 eval rows"),  # 45 x 128 x 1000 x 4 bytes > 24 MiB less 10 %
     "data.loader": (lambda k: _with_step(k, step_seconds=1e-9), "the accelerator waits on data"),
     "model.overfit": (lambda k: k.make_state(overfit_steps="1"), "overfit of 8 examples"),
     "lifecycle.resume": (_checkpoint_without_numpy_rng, "the checkpoint lacks"),

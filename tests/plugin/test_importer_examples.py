@@ -28,12 +28,12 @@ def test_the_three_examples_run_offline_through_the_plugin(pytester, tiny_exampl
     header = result.stdout.str()
     assert "axolotl.yml read as Axolotl: base_model -> [model] path" in header
     assert "llamafactory.yaml not checked (4): do_train (the launcher's switch to train" in header
-    assert "axolotl.yml not checked (2): logging_steps (logging, validation strictness" in header
+    assert "axolotl.yml not checked (1): logging_steps (logging, validation strictness" in header
     xml = (pytester.path / "out.xml").read_text()
     assert 'name="ftready_not_checked:trl-sft.yaml:report_to"' in xml
-    assert 'name="ftready_not_checked:axolotl.yml:val_set_size"' in xml
+    assert 'name="ftready_not_checked:axolotl.yml:logging_steps"' in xml  # val_set_size: 0 is read: nothing evaluated
     assert 'name="ftready_caveat:llamafactory.yaml:1"' in xml
     config = json.loads(next((pytester.path / ".ftready").glob("trl-sft/config.json")).read_text())
     assert config["recipe"]["translation"]["format"] == "trl"
     quiet = pytester.runpytest(args[1], "-q", "-k", "data.format", "-p", "no:cacheprovider")  # in-process: cheap
-    assert "axolotl.yml not checked (2): logging_steps" in quiet.stdout.str()  # -q hides the header, not this
+    assert "axolotl.yml not checked (1): logging_steps" in quiet.stdout.str()  # -q hides the header, not this

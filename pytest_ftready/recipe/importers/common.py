@@ -302,6 +302,16 @@ def _save_steps(b: Builder, row, name: str, value: Any, default: bool) -> None:
                                                          "(or a fraction below 1 of the total)", low=1))
 
 
+def _eval_split(b: Builder, row, name: str, value: Any, default: bool) -> None:
+    """LLaMA-Factory's val_size and Axolotl's val_set_size: a share of the rows below 1, a count of rows from 1."""
+    value = float(value) if isinstance(value, str) and NUMBER.match(value) else value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 1:
+        b.caveat(name.split(" ")[0], f"{value:g} rows held out for evaluation (a count): [data] eval_split is a "
+                 "share; model.eval_memory evaluates nothing unless you set it (rows / training rows)")
+    elif value:
+        b.put(name, "data", "eval_split", value)
+
+
 def _warmup(b: Builder, row, name: str, value: Any, default: bool) -> None:
     value = float(value) if isinstance(value, str) and NUMBER.match(value) else value
     if isinstance(value, float) and 0 < value < 1:  # transformers 5 and Axolotl read a fraction as a ratio
@@ -417,4 +427,5 @@ def _precision(b: Builder, row, name: str, value: Any, default: bool) -> None:
 
 SHARED_HANDLERS = {"attention": _attention, "precision": _precision, "optimizer": _optimizer, "scheduler": _scheduler, "deepspeed": _deepspeed, "fsdp": _fsdp,
                    "stop_tokens": _stop_tokens, "save_steps": _save_steps, "warmup": _warmup, "save_total_limit": _save_total_limit,
-                   "model": _model, "revision": _revision, "low_rank": _low_rank}
+                   "model": _model, "revision": _revision, "low_rank": _low_rank,
+                   "eval_split": _eval_split}
