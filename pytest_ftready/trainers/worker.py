@@ -23,7 +23,7 @@ def resume(trainer: Trainer, inputs: RunInputs, saved: SavedRun, timeout_s: Opti
     inputs.progress(f"lifecycle.resume: resuming {trainer.label}'s checkpoint at step {saved.steps // 2} in a "
                     "fresh process", True)
     request = ResumeRequest(str(inputs.recipe.source), str(saved.folder), str(saved.checkpoint), saved.steps,
-                            asdict(inputs.device))
+                            asdict(inputs.device), tuple(trainer.hook_files))
     payload = run(trainer.name, request, timeout_s)
     if "missing" in payload:
         raise Fail(f"the checkpoint lacks {payload['missing']}: a resume cannot continue the run")
@@ -70,12 +70,14 @@ def main(argv: list[str]) -> int:
     from ..outcomes import Skip
     from ..recipe import load_recipe
     from . import trainer_named
+    from .conftest import CONFTEST, fresh_process_trainer
 
     name, request_json, threads = argv
     torch.set_num_threads(int(threads))
     request = ResumeRequest(**json.loads(request_json))
     try:
-        logs = trainer_named(name).resume_here(request, load_recipe(request.recipe))
+        trainer = fresh_process_trainer(request) if name == CONFTEST else trainer_named(name)
+        logs = trainer.resume_here(request, load_recipe(request.recipe))
     except MissingState as exc:
         print(json.dumps({"missing": str(exc)}))
         return 0
