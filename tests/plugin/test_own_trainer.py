@@ -14,7 +14,7 @@ from tests.conftest import copy_example
 from tests.helpers import outcomes, properties
 from tests.plugin.full_run import run_pytest
 
-pytestmark = pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
+SLOW = pytest.mark.slow  # whole pytest runs: CI's second line (pytest tests -m "slow or faults_slow")
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = (ROOT / "conftest_templates" / "own_trainer_trl.py").read_text(encoding="utf-8")
@@ -54,6 +54,7 @@ def own_trainer_run(tmp_path_factory, tiny_model_dir):
     return folder, result
 
 
+@SLOW
 def test_the_templates_trainer_is_what_step_overfit_resume_and_generate_run(own_trainer_run):
     folder, result = own_trainer_run
     found = outcomes(folder / "out.xml")
@@ -68,6 +69,7 @@ def test_the_templates_trainer_is_what_step_overfit_resume_and_generate_run(own_
     assert properties(folder / "out.xml", "model.overfit")["pipeline"] == "builtin"  # data checks: the recipe's
 
 
+@SLOW
 def test_a_team_trainer_whose_resume_loses_the_scheduler_fails_lifecycle_resume(tmp_path, tiny_model_dir):
     assert TEMPLATE.count("    return SFTTrainer(") == 1
     planted = TEMPLATE.replace("    return SFTTrainer(", "    return ResumeKeepsOurSchedule(") + LOSES_THE_SCHEDULER
@@ -79,3 +81,36 @@ def test_a_team_trainer_whose_resume_loses_the_scheduler_fails_lifecycle_resume(
     assert "conftest ResumeKeepsOurSchedule: " in message, message  # whose resume: the class the hook returned
     assert "cause: the scheduler state: learning rate 0.01 at step 3 after the resume, 0.005 uninterrupted" in message
     assert "lacks" not in message, message
+
+
+def test_a_hook_whose_trainer_drops_the_handed_bounds_fails_naming_the_key(tiny_example, tmp_path, monkeypatch):
+    """The template imported by path (as the resume's fresh process imports a conftest), its Trainer
+    built over real rows, but the hook hands it no max_steps: the run would not be the bounded one."""
+    import json
+    import sys
+    from dataclasses import asdict
+
+    from pytest_ftready.machine.devices import Device
+    from pytest_ftready.outcomes import Fail
+    from pytest_ftready.recipe import load_recipe
+    from pytest_ftready.trainers.base import Bounds, ResumeRequest, RunRows
+    from pytest_ftready.trainers.conftest import ConftestTrainer, OwnTrainerHook
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    template = OwnTrainerHook.from_files([str(ROOT / "conftest_templates" / "own_trainer_trl.py")])
+    monkeypatch.delitem(sys.modules, "_ftready_own_trainer_0")
+    recipe = load_recipe(tiny_example / "recipe.toml")
+    inputs = ResumeRequest(str(recipe.source), str(tmp_path), "", 2, asdict(Device("cpu", "cpu", "cpu", None))).inputs(recipe)
+    lines = (tiny_example / "data" / "train.jsonl").read_text(encoding="utf-8").splitlines()[:4]
+    run = RunRows.write(tmp_path / "run", [json.loads(line) for line in lines])
+
+    def unbounded(**kwargs):
+        kwargs["arguments"].pop("max_steps")
+        return template.call(**kwargs)
+
+    with pytest.raises(Fail) as info, ConftestTrainer(OwnTrainerHook(unbounded)).built(inputs, run, Bounds.step()):
+        pass
+    assert "does not use the arguments the check handed it: its args have max_steps -1 (handed 1)" in str(info.value)
+    with pytest.raises(Fail, match=r"^pytest_ftready_trainer raised ZeroDivisionError: division by zero$"), \
+            ConftestTrainer(OwnTrainerHook(lambda **kwargs: 1 / 0)).built(inputs, run, Bounds.step()):
+        pass
