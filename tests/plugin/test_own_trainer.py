@@ -100,7 +100,8 @@ def test_a_hook_whose_trainer_drops_the_handed_bounds_fails_naming_the_key(tiny_
     template = OwnTrainerHook.from_files([str(ROOT / "conftest_templates" / "own_trainer_trl.py")])
     monkeypatch.delitem(sys.modules, "_ftready_own_trainer_0")
     recipe = load_recipe(tiny_example / "recipe.toml")
-    inputs = ResumeRequest(str(recipe.source), str(tmp_path), "", 2, asdict(Device("cpu", "cpu", "cpu", None))).inputs(recipe)
+    cpu = asdict(Device("cpu", "cpu", "cpu", None))
+    inputs = ResumeRequest(str(recipe.source), str(tmp_path), "", 2, cpu).inputs(recipe)  # as a fresh process does
     lines = (tiny_example / "data" / "train.jsonl").read_text(encoding="utf-8").splitlines()[:4]
     run = RunRows.write(tmp_path / "run", [json.loads(line) for line in lines])
 
