@@ -73,7 +73,21 @@ def pytest_configure(config) -> None:
         data_workers=config.getoption("ftready_workers"),
         progress=lambda line: _progress(config, line),
         pipeline_hook=lambda recipe, tokenizer: config.hook.pytest_ftready_pipeline(recipe=recipe, tokenizer=tokenizer),
+        trainer_hook=lambda: _trainer_hook(config),
     )
+
+
+def _trainer_hook(config):
+    """The team's ``pytest_ftready_trainer`` (trainers.conftest.OwnTrainerHook), or None where no
+    conftest or plugin implements it; asked when the recipe's trainer is chosen, after every
+    conftest of the run is loaded."""
+    impls = config.pluginmanager.hook.pytest_ftready_trainer.get_hookimpls()
+    if not impls:
+        return None
+    from .trainers.conftest import OwnTrainerHook
+
+    files = tuple(str(Path(impl.plugin.__file__).resolve()) for impl in impls if getattr(impl.plugin, "__file__", None))
+    return OwnTrainerHook(lambda **kwargs: config.hook.pytest_ftready_trainer(**kwargs), files)
 
 
 def _progress(config, line: str) -> None:

@@ -38,6 +38,7 @@ class RunState:
     telemetry_factory: Optional[Callable[..., Any]] = None  # (device, machine) -> (sources, missing); tests: fake NVML
     progress: Optional[Callable[[str], None]] = None  # a line for the terminal while long work runs
     pipeline_hook: Optional[Callable[..., Any]] = None  # (recipe, tokenizer) -> the team's pipeline or None
+    trainer_hook: Optional[Callable[[], Any]] = None  # () -> trainers.conftest.OwnTrainerHook, or None where none is implemented
     data_workers: Optional[int] = None  # processes for the data pass and the privacy scan (--ftready-workers); None: by CPUs and data size
     regression: Optional[Any] = None  # outputs.regression.RegressionGate when a baseline is given
     loaded: dict[Path, Any] = field(default_factory=dict)  # recipe file -> its Recipe, or the RecipeError reading it
@@ -344,11 +345,12 @@ class RecipeState:
     # ---- the trainer: whose preprocessing and whose step the checks run ----------------------
     @fact
     def trainer(self):
-        """The recipe's trainer (trainers.base.Trainer): the one [data] pipeline names, the
-        config's own trainer where it is installed, else the built-in engine."""
+        """The recipe's trainer (trainers.base.Trainer): the team's own Trainer where a conftest
+        implements ``pytest_ftready_trainer``; else the one [data] pipeline names, the config's
+        own trainer where it is installed, else the built-in engine."""
         from ..trainers import select_trainer
 
-        return select_trainer(self.recipe)
+        return select_trainer(self.recipe, self.run.trainer_hook() if self.run.trainer_hook is not None else None)
 
     @fact
     def pipeline(self):

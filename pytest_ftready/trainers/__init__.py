@@ -5,7 +5,8 @@ session asks, each handed frozen inputs (``base.RunInputs``), never the session.
 ``builtin`` is pytest-ftready's own engine, the trainer of last resort and the one every other
 trainer's run is shown beside. ``hf`` is the template of the trainers built on
 ``transformers.Trainer`` (step, overfit, saved run, fresh-process resume written once): ``trl``,
-``axolotl`` and ``llamafactory`` each supply how they build their Trainer. ``worker`` is the
+``axolotl`` and ``llamafactory`` each supply how they build their Trainer, and ``conftest``
+the team's own Trainer (the ``pytest_ftready_trainer`` hook) is built by the team's code. ``worker`` is the
 fresh process of every trainer's resume.
 
 Adding a trainer: one module with its class (on ``hf.HFTrainer`` where it builds a
@@ -37,9 +38,15 @@ def trainer_named(name: str) -> Trainer:
     return getattr(importlib.import_module(f"{__name__}.{module}"), cls)()
 
 
-def select_trainer(recipe) -> Trainer:
-    """The recipe's trainer: the one ``[data] pipeline`` names; under "auto", for a trainer's
-    config, that trainer when it is installed here; else the built-in engine."""
+def select_trainer(recipe, own=None) -> Trainer:
+    """The recipe's trainer: the team's own Trainer where ``own`` (a ``conftest.OwnTrainerHook``,
+    the ``pytest_ftready_trainer`` hook) is given, its pipeline the one chosen without it; else
+    the one ``[data] pipeline`` names; under "auto", for a trainer's config, that trainer when it
+    is installed here; else the built-in engine."""
+    if own is not None:
+        from .conftest import ConftestTrainer
+
+        return ConftestTrainer(own, select_trainer(recipe))
     asked = recipe.data.pipeline
     if asked != "auto":
         return trainer_named(asked)

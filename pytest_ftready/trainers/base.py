@@ -307,6 +307,7 @@ class ResumeRequest:
     checkpoint: str
     steps: int  # of the uninterrupted run
     device: dict = field(default_factory=dict)  # the Device, as its fields
+    hook_files: tuple = ()  # the files implementing pytest_ftready_trainer (a team's own Trainer, trainers.conftest)
 
     def inputs(self, recipe) -> RunInputs:
         """The inputs of a run in the fresh process: the recipe's tokenizer and base model
@@ -332,6 +333,7 @@ class Trainer:
     module: Optional[str] = None  # what must import for this trainer to run here
     install = ""  # how to install it
     native = True  # its own pipeline runs here; False: chosen only when [data] pipeline names it
+    hook_files: tuple = ()  # files the fresh process of a resume imports to build it (a team's own Trainer)
 
     def missing(self) -> str:
         """"" when this trainer can run here, else what to install."""

@@ -61,6 +61,7 @@ CONTRACT: dict[str, dict[str, str]] = {
     "hook": {
         "pytest_ftready_machine": "tests/plugin/test_stack_plugin.py::test_a_described_turing_machine_runs_the_accelerator_checks",
         "pytest_ftready_pipeline": "tests/checks/test_pipelines.py::test_a_conftest_pipeline_hook_is_what_data_masking_checks",
+        "pytest_ftready_trainer": "tests/plugin/test_own_trainer.py::test_the_templates_trainer_is_what_step_overfit_resume_and_generate_run",
     },
     "command": {
         "ftready-forecast": "tests/forecast/test_levers.py::test_command_prints_the_table_and_exits_by_the_verdict",
@@ -108,6 +109,8 @@ CONTRACT: dict[str, dict[str, str]] = {
             "tests/plugin/test_importer_examples.py::test_the_three_examples_run_offline_through_the_plugin",
         "def pytest_ftready_pipeline(recipe, tokenizer):":
             "tests/checks/test_pipelines.py::test_a_conftest_pipeline_hook_is_what_data_masking_checks",
+        "def pytest_ftready_trainer(recipe, rows, output_dir, arguments):":
+            "tests/plugin/test_own_trainer.py::test_the_templates_trainer_is_what_step_overfit_resume_and_generate_run",
         "[distributed]": "tests/engine/test_distributed.py::test_defaults_and_declared_table",
         "python -m torch.distributed.run --nnodes=1 --nproc-per-node=2 --standalone --max-restarts=0 \\":
             "tests/checks/test_distributed.py::test_the_four_checks_pass_through_the_plugin",
