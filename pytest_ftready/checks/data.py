@@ -269,7 +269,7 @@ def preprocessing_within_timeout(ctx, encode_rate: float) -> None:
     collective: past ``ddp_timeout`` their watchdog ends the job (LLaMA-Factory #2424, #2902).
     The time is this machine's tokenize rate over every row's tokens, shared by the config's
     preprocessing workers; measured for every recipe, judged for distributed ones."""
-    from .distributed import applies
+    from ..engine.distributed import applies
 
     recipe, digest = ctx.recipe, ctx.state.digest
     tokens = sum(digest.full_lengths)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..engine.distributed import applies
 from ..engine.distributed.launcher import JobResult
 from ..outcomes import Fail, Skip
 from ..units import human_bytes
@@ -14,17 +15,6 @@ from .registry import STAGES, check
 
 
 COMPARE_FROM_BYTES = 64 << 20  # smaller messages are latency-bound: their bus bandwidth says little about the link
-
-
-def applies(recipe) -> Optional[str]:
-    """Why the distributed checks do not apply to ``recipe`` (None: they do)."""
-    if "distributed" not in (getattr(recipe, "declared", None) or ()):
-        return ("the recipe has no [distributed] table (a single-process run); add one, e.g. "
-                "[distributed] world_size = 2, to check a multi-GPU run")
-    d = recipe.distributed
-    if d.world_size == 1 and d.nnodes == 1:
-        return "[distributed] world_size = 1 on one node: nothing to distribute"
-    return None
 
 
 def needs_gpu(recipe) -> bool:
