@@ -5,8 +5,6 @@ world size that loads it. The checks read the jobs' per-rank figures and judge t
 
 from __future__ import annotations
 
-from typing import Optional
-
 from ..engine.distributed import applies
 from ..engine.distributed.launcher import JobResult
 from ..outcomes import Fail, Skip
