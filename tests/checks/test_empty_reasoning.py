@@ -1,0 +1,100 @@
+"""Empty reasoning blocks trained (issue 42, item 5), on Qwen 3.5's real template
+(tests/data/templates/): a row without reasoning renders ``<think>\\n\\n</think>\\n\\n`` into its
+last assistant turn, and the ``\\n</think>`` after the inference prompt's ``<think>\\n`` carries
+loss. data.masking counts those rows and names them; with ``[data] train_empty_reasoning =
+false`` it fails on them. History rewritten between the training render and the inference render
+(data.template's ``history_rewritten``) is counted in data.masking's measurements and page too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_ftready.outcomes import Fail
+from pytest_ftready.tiny import example_rows, write_jsonl
+from tests.faults.test_hostile_templates import _measured, _with_template
+
+QWEN35 = (Path(__file__).parents[1] / "data" / "templates" / "Qwen3.5-4B.jinja").read_text()
+COUNT_LINE = "rows training an empty reasoning block: {} row(s)"
+REWRITTEN_LINE = "rows whose earlier turns (their reasoning) render differently at inference: {} row(s)"
+
+
+def _qwen35_rows(tiny_example, edit_recipe, reasoned=lambda i: False, **edits) -> list[dict]:
+    """The tiny example's rows under Qwen 3.5's template; rows ``reasoned(i)`` reason in their last answer."""
+    rows = example_rows()
+    for i, row in enumerate(rows):
+        if reasoned(i):
+            answer = row["messages"][-1]
+            answer["content"] = f"<think>\nThe answer is short.\n</think>\n\n{answer['content']}"
+    write_jsonl(tiny_example / "data" / "train.jsonl", rows)
+    edit_recipe(tiny_example / "recipe.toml", **edits)
+    _with_template(tiny_example, edit_recipe, QWEN35)
+    return rows
+
+
+def _masking(state):
+    """data.masking's context and its failure (None when it passes): measurements either way."""
+    from pytest_ftready.checks.registry import REGISTRY
+    from pytest_ftready.session.context import CheckContext
+
+    ctx = CheckContext(state, REGISTRY["data.masking"])
+    try:
+        with ctx.running():
+            REGISTRY["data.masking"].body(ctx)
+    except Fail as failed:
+        return ctx, str(failed)
+    return ctx, None
+
+
+def _page(ctx) -> str:
+    return Path(dict(ctx.user_properties)["masking_report"]).read_text()
+
+
+def test_empty_blocks_are_counted_and_named_and_pass_by_default(make_state, tiny_example, edit_recipe):
+    rows = _qwen35_rows(tiny_example, edit_recipe, train_on='"last_assistant"')
+    ctx, failed = _masking(make_state())
+    assert failed is None  # train_empty_reasoning defaults to true: measured, not judged
+    measured = _measured(ctx)
+    assert measured["empty_reasoning_rows"] == len(rows) == 50
+    assert measured["history_rewritten_rows"] == 0  # last_assistant: trained as served
+    page = _page(ctx)
+    assert COUNT_LINE.format(50) in page and REWRITTEN_LINE.format(0) in page
+    last = f"messages[{len(rows[0]['messages']) - 1}]"
+    assert (f"empty_reasoning_trained: 1 empty reasoning block(s) (&lt;think&gt;…&lt;/think&gt; with only whitespace "
+            f"between) carry loss in the trained tokens of {last}") in page
+
+
+def test_setting_off_fails_naming_the_rows_without_reasoning_and_the_setting(make_state, tiny_example, edit_recipe):
+    _qwen35_rows(tiny_example, edit_recipe, reasoned=lambda i: i % 2 == 0,
+                 train_on='"last_assistant"\ntrain_empty_reasoning = false')
+    ctx, failed = _masking(make_state())
+    assert failed is not None
+    assert _measured(ctx)["empty_reasoning_rows"] == 25  # the rows that reason train no empty block
+    assert "empty_reasoning_trained in 25 row(s)" in failed
+    places = failed.split("empty_reasoning_trained in 25 row(s)")[1].split("\n")[0]
+    assert "[train.jsonl:2, train.jsonl:4, " in places and "train.jsonl:1," not in places and "and 15 more]" in places
+    assert "[data] train_empty_reasoning = false" in failed and "set train_empty_reasoning = true" in failed
+    assert "enable_thinking: false" in failed  # the trainer setting that masks the block
+    assert COUNT_LINE.format(25) in _page(ctx)
+
+
+def test_setting_off_passes_when_every_row_reasons(make_state, tiny_example, edit_recipe):
+    _qwen35_rows(tiny_example, edit_recipe, reasoned=lambda i: True,
+                 train_on='"last_assistant"\ntrain_empty_reasoning = false')
+    ctx, failed = _masking(make_state())
+    assert failed is None
+    assert _measured(ctx)["empty_reasoning_rows"] == 0
+    assert COUNT_LINE.format(0) in _page(ctx)
+
+
+def test_history_rewritten_between_training_and_inference_renders_is_counted(make_state, tiny_example, edit_recipe):
+    """Every assistant turn trained: an earlier turn renders its (empty) reasoning up to itself, and
+    none once the next question follows, as at inference; those rows are counted and shown."""
+    rows = _qwen35_rows(tiny_example, edit_recipe)  # train_on = "assistant"
+    several = sum(1 for row in rows if sum(m["role"] == "assistant" for m in row["messages"]) > 1)
+    assert several > 0
+    ctx, _ = _masking(make_state())
+    measured = _measured(ctx)
+    assert measured["history_rewritten_rows"] == several
+    assert REWRITTEN_LINE.format(several) in _page(ctx)
