@@ -98,3 +98,56 @@ def test_history_rewritten_between_training_and_inference_renders_is_counted(mak
     measured = _measured(ctx)
     assert measured["history_rewritten_rows"] == several
     assert REWRITTEN_LINE.format(several) in _page(ctx)
+
+
+# ---- the encoder and the trainers' labels, on the template's own tags ------------------------
+PLAIN = [{"role": "user", "content": "How many comets?"}, {"role": "assistant", "content": "Two comets."}]
+
+
+@pytest.fixture(scope="module")
+def qwen_tokenizer():
+    from pytest_ftready.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    tok.eos_token = "<|im_end|>"
+    return {"qwen35": tok}
+
+
+def _empty_problems(problems) -> list[str]:
+    return [detail for kind, detail in problems if kind == "empty_reasoning_trained"]
+
+
+@pytest.mark.parametrize("tags", [("<think>", "</think>"), ("<seed:think>", "</seed:think>")],
+                         ids=["think", "template's own"])
+def test_the_templates_own_reasoning_tags_are_found_and_trainers_labels_judged_alike(qwen_tokenizer, tags):
+    """The tags between which the template puts reasoning_content are read from the template (a
+    Seed-OSS-style ``<seed:think>``); a trainer's labels (judge_labels) get the same verdict."""
+    from pytest_ftready.data.layouts import read_sample
+    from pytest_ftready.data.verify import judge_labels
+    from tests.data.test_real_families import encode, encoder
+
+    template = QWEN35.replace("<think>", tags[0]).replace("</think>", tags[1])
+    enc = encoder(qwen_tokenizer, "qwen35", template)
+    encoded = encode(enc, PLAIN)
+    [detail] = _empty_problems(encoded.problems)
+    assert detail.startswith("1 empty reasoning block(s) (") and f"{tags[0]}…{tags[1]}" in detail
+    assert "of messages[1]" in detail
+    sample = read_sample(encoded.row, "messages", "last_assistant")[0]
+    judged = judge_labels(enc.tok, sample, "last_assistant", encoded.input_ids, encoded.labels, enc.stop_ids)
+    assert _empty_problems(judged) == [detail]
+    reasoned = [PLAIN[0], {"role": "assistant", "reasoning_content": "Count them.", "content": "Two comets."}]
+    assert _empty_problems(encode(enc, reasoned).problems) == []  # a block with reasoning in it trains rightly
+
+
+def test_an_empty_block_the_inference_prompt_holds_is_not_trained_so_not_counted(qwen_tokenizer):
+    """The template's enable_thinking=false branch (the empty block written into the generation
+    prompt, as LLaMA-Factory's enable_thinking: false masks it): no token of it carries loss."""
+    from tests.data.test_real_families import encode, encoder
+
+    branch = "{%- if enable_thinking is defined and enable_thinking is false %}"
+    assert branch in QWEN35
+    enc = encoder(qwen_tokenizer, "qwen35", QWEN35.replace(branch, "{%- if true %}"))
+    encoded = encode(enc, PLAIN)
+    assert encoded.problems == ()
+    assert enc.tok.decode([t for t, label in zip(encoded.input_ids, encoded.labels) if label != -100]) \
+        == "Two comets.<|im_end|>"
