@@ -151,3 +151,15 @@ def test_an_empty_block_the_inference_prompt_holds_is_not_trained_so_not_counted
     assert encoded.problems == ()
     assert enc.tok.decode([t for t, label in zip(encoded.input_ids, encoded.labels) if label != -100]) \
         == "Two comets.<|im_end|>"
+
+
+@pytest.mark.parametrize("value", [False, True, None], ids=["false", "true", "unset"])
+def test_llamafactory_enable_thinking_becomes_train_empty_reasoning(tmp_path_factory, value):
+    """LLaMA-Factory's enable_thinking: false puts the empty block in the prompt (no loss); true,
+    its default, in the response (data/template.py, ReasoningTemplate)."""
+    from pytest_ftready.recipe import load_recipe
+    from tests.recipe.test_importer_conformance import folders, variant
+
+    folder = folders.__wrapped__(tmp_path_factory)["llamafactory"]
+    recipe = load_recipe(variant(folder, "llamafactory", {} if value is None else {"enable_thinking": value}))
+    assert recipe.data.train_empty_reasoning is (value is not False)
