@@ -148,7 +148,8 @@ def _template_source(recipe) -> str:
 
 @check("data.masking", stage=STAGES["data"] + 2)
 def data_masking(ctx) -> None:
-    """Labels are -100 exactly outside the trained spans; EOS trained; truncation does not eat responses."""
+    """Labels are -100 exactly outside the trained spans; EOS trained; truncation does not eat responses;
+    empty reasoning blocks that carry loss counted (failing with [data] train_empty_reasoning = false)."""
     state, recipe = ctx.state, ctx.recipe
     digest = encoded_rows(ctx, "check")
     sample = digest.with_problems or digest.head
