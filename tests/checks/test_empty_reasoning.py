@@ -13,6 +13,7 @@ import pytest
 
 from pytest_ftready.outcomes import Fail
 from pytest_ftready.tiny import example_rows, write_jsonl
+from tests.data.test_real_families import tokenizers  # noqa: F401  (tiny BPE; llama.cpp's too where set)
 from tests.faults.test_hostile_templates import _measured, _with_template
 
 QWEN35 = (Path(__file__).parents[1] / "data" / "templates" / "Qwen3.5-4B.jinja").read_text()
@@ -101,16 +102,11 @@ def test_history_rewritten_between_training_and_inference_renders_is_counted(mak
 
 
 # ---- the encoder and the trainers' labels, on the template's own tags ------------------------
+# (on the tiny BPE with Qwen's special tokens, and on llama.cpp's Qwen 3.5 vocabulary where
+# FTREADY_REAL_TOKENIZERS names it: tests/data/templates/SOURCES.md)
 PLAIN = [{"role": "user", "content": "How many comets?"}, {"role": "assistant", "content": "Two comets."}]
 
 
-@pytest.fixture(scope="module")
-def qwen_tokenizer():
-    from pytest_ftready.tiny import build_tokenizer
-
-    tok = build_tokenizer()
-    tok.eos_token = "<|im_end|>"
-    return {"qwen35": tok}
 
 
 def _empty_problems(problems) -> list[str]:
@@ -119,7 +115,7 @@ def _empty_problems(problems) -> list[str]:
 
 @pytest.mark.parametrize("tags", [("<think>", "</think>"), ("<seed:think>", "</seed:think>")],
                          ids=["think", "template's own"])
-def test_the_templates_own_reasoning_tags_are_found_and_trainers_labels_judged_alike(qwen_tokenizer, tags):
+def test_the_templates_own_reasoning_tags_are_found_and_trainers_labels_judged_alike(tokenizers, tags):
     """The tags between which the template puts reasoning_content are read from the template (a
     Seed-OSS-style ``<seed:think>``); a trainer's labels (judge_labels) get the same verdict."""
     from pytest_ftready.data.layouts import read_sample
@@ -127,7 +123,7 @@ def test_the_templates_own_reasoning_tags_are_found_and_trainers_labels_judged_a
     from tests.data.test_real_families import encode, encoder
 
     template = QWEN35.replace("<think>", tags[0]).replace("</think>", tags[1])
-    enc = encoder(qwen_tokenizer, "qwen35", template)
+    enc = encoder(tokenizers, "qwen35", template)
     encoded = encode(enc, PLAIN)
     [detail] = _empty_problems(encoded.problems)
     assert detail.startswith("1 empty reasoning block(s) (") and f"{tags[0]}…{tags[1]}" in detail
@@ -139,14 +135,14 @@ def test_the_templates_own_reasoning_tags_are_found_and_trainers_labels_judged_a
     assert _empty_problems(encode(enc, reasoned).problems) == []  # a block with reasoning in it trains rightly
 
 
-def test_an_empty_block_the_inference_prompt_holds_is_not_trained_so_not_counted(qwen_tokenizer):
+def test_an_empty_block_the_inference_prompt_holds_is_not_trained_so_not_counted(tokenizers):
     """The template's enable_thinking=false branch (the empty block written into the generation
     prompt, as LLaMA-Factory's enable_thinking: false masks it): no token of it carries loss."""
     from tests.data.test_real_families import encode, encoder
 
     branch = "{%- if enable_thinking is defined and enable_thinking is false %}"
     assert branch in QWEN35
-    enc = encoder(qwen_tokenizer, "qwen35", QWEN35.replace(branch, "{%- if true %}"))
+    enc = encoder(tokenizers, "qwen35", QWEN35.replace(branch, "{%- if true %}"))
     encoded = encode(enc, PLAIN)
     assert encoded.problems == ()
     assert enc.tok.decode([t for t, label in zip(encoded.input_ids, encoded.labels) if label != -100]) \
