@@ -15,6 +15,7 @@ from pytest_ftready.outcomes import Fail
 from pytest_ftready.tiny import example_rows, write_jsonl
 from tests.data.test_real_families import tokenizers  # noqa: F401  (tiny BPE; llama.cpp's too where set)
 from tests.faults.test_hostile_templates import _measured, _with_template
+from tests.recipe.test_importer_conformance import folders  # noqa: F401  (a LLaMA-Factory config beside a model)
 
 QWEN35 = (Path(__file__).parents[1] / "data" / "templates" / "Qwen3.5-4B.jinja").read_text()
 COUNT_LINE = "rows training an empty reasoning block: {} row(s)"
@@ -150,12 +151,12 @@ def test_an_empty_block_the_inference_prompt_holds_is_not_trained_so_not_counted
 
 
 @pytest.mark.parametrize("value", [False, True, None], ids=["false", "true", "unset"])
-def test_llamafactory_enable_thinking_becomes_train_empty_reasoning(tmp_path_factory, value):
+def test_llamafactory_enable_thinking_becomes_train_empty_reasoning(folders, value):
     """LLaMA-Factory's enable_thinking: false puts the empty block in the prompt (no loss); true,
     its default, in the response (data/template.py, ReasoningTemplate)."""
     from pytest_ftready.recipe import load_recipe
-    from tests.recipe.test_importer_conformance import folders, variant
+    from tests.recipe.test_importer_conformance import variant
 
-    folder = folders.__wrapped__(tmp_path_factory)["llamafactory"]
-    recipe = load_recipe(variant(folder, "llamafactory", {} if value is None else {"enable_thinking": value}))
+    recipe = load_recipe(variant(folders["llamafactory"], "llamafactory",
+                                 {} if value is None else {"enable_thinking": value}))
     assert recipe.data.train_empty_reasoning is (value is not False)
