@@ -160,3 +160,46 @@ def test_llamafactory_enable_thinking_becomes_train_empty_reasoning(folders, val
     recipe = load_recipe(variant(folders["llamafactory"], "llamafactory",
                                  {} if value is None else {"enable_thinking": value}))
     assert recipe.data.train_empty_reasoning is (value is not False)
+
+
+# ---- more real templates (tests/data/templates/SOURCES.md) ----------------------------------
+TEMPLATES = Path(__file__).parents[1] / "data" / "templates"
+
+
+def _real_encoder(file: str, eos: str, bos: str, specials=()):
+    from types import SimpleNamespace
+
+    from pytest_ftready.data.encoding import Encoder, stop_token_ids
+    from pytest_ftready.tiny import build_tokenizer
+
+    tok = build_tokenizer((TEMPLATES / file).read_text(), bos=bos, eos=eos)
+    tok.add_tokens([bos, eos, *specials], special_tokens=True)
+    data = SimpleNamespace(format="messages", train_on="last_assistant", max_length=512, add_special_tokens=False)
+    return Encoder(tok, data, stop_token_ids(tok))
+
+
+def test_qwen3_trains_the_whole_empty_block_and_it_is_counted():
+    """Qwen3's template writes no <think> into the inference prompt: the whole empty block of an
+    answer without reasoning carries loss (the case the trainers' trackers report)."""
+    from tests.data.test_real_families import encode, trained_text
+
+    enc = _real_encoder("Qwen3-0.6B.jinja", "<|im_end|>", "<|endoftext|>")
+    encoded = encode(enc, PLAIN)
+    assert trained_text(enc, encoded) == "<think>\n\n</think>\n\nTwo comets.<|im_end|>"
+    assert [kind for kind, _ in encoded.problems] == ["empty_reasoning_trained"]
+    reasoned = [PLAIN[0], {"role": "assistant", "reasoning_content": "Count them.", "content": "Two comets."}]
+    assert encode(enc, reasoned).problems == ()
+
+
+def test_seed_oss_tags_come_from_the_template_and_an_empty_block_in_the_content_is_counted():
+    """Seed-OSS reasons between <seed:think> and </seed:think> (not <think>): read from where its
+    template puts reasoning_content; a row whose content holds an empty such block trains it."""
+    from tests.data.test_real_families import encode
+
+    enc = _real_encoder("Seed-OSS.jinja", "<seed:eos>", "<seed:bos>", ("<seed:think>", "</seed:think>"))
+    empty = [PLAIN[0], {"role": "assistant", "content": "<seed:think>\n</seed:think>\nTwo comets."}]
+    [detail] = _empty_problems(encode(enc, empty).problems)
+    assert "<seed:think>…</seed:think>" in detail and "of messages[1]" in detail
+    full = [PLAIN[0], {"role": "assistant", "content": "<seed:think>Count them.</seed:think>\nTwo comets."}]
+    assert _empty_problems(encode(enc, full).problems) == []
+    assert encode(enc, PLAIN).problems == ()  # no reasoning, no block: this template writes none
