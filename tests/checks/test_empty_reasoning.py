@@ -3,7 +3,9 @@
 last assistant turn, and the ``\\n</think>`` after the inference prompt's ``<think>\\n`` carries
 loss. data.masking counts those rows and names them; with ``[data] train_empty_reasoning =
 false`` it fails on them. History rewritten between the training render and the inference render
-(data.template's ``history_rewritten``) is counted in data.masking's measurements and page too."""
+(data.template's ``history_rewritten``) is counted in data.masking's measurements and page too.
+Qwen3's template (the whole empty block trained) and Seed-OSS's (its own ``<seed:think>`` tags,
+read from the template) are held at the encoder."""
 
 from __future__ import annotations
 
