@@ -205,3 +205,12 @@ def test_seed_oss_tags_come_from_the_template_and_an_empty_block_in_the_content_
     full = [PLAIN[0], {"role": "assistant", "content": "<seed:think>Count them.</seed:think>\nTwo comets."}]
     assert _empty_problems(encode(enc, full).problems) == []
     assert encode(enc, PLAIN).problems == ()  # no reasoning, no block: this template writes none
+
+
+def test_llamafactory_enable_thinking_false_says_which_labels_are_judged(folders):
+    from pytest_ftready.recipe import load_recipe
+    from tests.recipe.test_importer_conformance import variant
+
+    recipe = load_recipe(variant(folders["llamafactory"], "llamafactory", {"enable_thinking": False}))
+    (note,) = [text for text in recipe.origin.caveats if text.startswith("enable_thinking:")]
+    assert "in the prompt" in note and "the model's Jinja template, which may train the block" in note
