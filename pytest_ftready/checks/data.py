@@ -22,6 +22,7 @@ TEMPLATE_KINDS = ("render_error", "generation_prompt_ignored", "prompt_not_prefi
                   "bos_doubled", "message_dropped", "reasoning_dropped", "tool_calls_dropped", "tools_dropped")
 MASKING_KINDS = ("markers_empty", "assistant_untrained", "wrong_role_trained", "stop_untrained", "no_supervised",
                  "truncated_all", SPECIALS)
+EMPTY_REASONING = "empty_reasoning_trained"  # data/verify.py: a reasoning template's empty block carrying loss
 MAX_LISTED = LISTED
 LENGTHS_SHOWN = 20_000  # row lengths kept for the report's histogram (evenly through them, sorted)
 
@@ -148,7 +149,8 @@ def _template_source(recipe) -> str:
 
 @check("data.masking", stage=STAGES["data"] + 2)
 def data_masking(ctx) -> None:
-    """Labels are -100 exactly outside the trained spans; EOS trained; truncation does not eat responses."""
+    """Labels are -100 exactly outside the trained spans; EOS trained; truncation does not eat responses;
+    empty reasoning blocks that carry loss counted (failing with [data] train_empty_reasoning = false)."""
     state, recipe = ctx.state, ctx.recipe
     digest = encoded_rows(ctx, "check")
     sample = digest.with_problems or digest.head
@@ -159,7 +161,10 @@ def data_masking(ctx) -> None:
         views.append(token_view(state.tokenizer, e, known=gate.values()))
         gate.learn(row_values(e.row.data))
     ctx.series("examples", views)
-    report = gate.write(state.artifacts / "masking.html", masking_page(views, method))
+    empty, rewritten = digest.count(EMPTY_REASONING), digest.count("history_rewritten")  # the latter: data.template's
+    counts = [("rows training an empty reasoning block", empty),
+              ("rows whose earlier turns (their reasoning) render differently at inference", rewritten)]
+    report = gate.write(state.artifacts / "masking.html", masking_page(views, method, counts))
     ctx.user_properties.append(("masking_report", str(report)))
     ctx.measure("trained_span_method", method, "")
     ctx.measure("encoded_fingerprint", f"{digest.fingerprint:016x}", "")  # changes with any token or label
@@ -170,7 +175,11 @@ def data_masking(ctx) -> None:
     share = partial / digest.encoded
     ctx.measure("truncated_response_share", share, "share")
     ctx.measure("emptied_rows", digest.count("truncated_all"), "rows")
+    ctx.measure("empty_reasoning_rows", empty, "rows")
+    ctx.measure("history_rewritten_rows", rewritten, "rows")
     found = digest.places(MASKING_KINDS)
+    if empty and not recipe.data.train_empty_reasoning:
+        found[EMPTY_REASONING] = digest.problems[EMPTY_REASONING]
     limit = recipe.checks.max_truncated_share
     messages = []
     if trained == 0:
@@ -178,6 +187,10 @@ def data_masking(ctx) -> None:
                         "and teach nothing")
     if found:
         messages.append(summarize(found))
+    if EMPTY_REASONING in found:
+        messages.append("[data] train_empty_reasoning = false: leave the empty block out of the labels (in the "
+                        "prompt, as LLaMA-Factory's enable_thinking: false does), give those rows their reasoning or "
+                        "leave them out, or set train_empty_reasoning = true")
     if share > limit:
         places = digest.problems["truncated_part"]
         messages.append(f"truncation cuts the response of {partial} of {digest.encoded} rows ({share:.1%} > "

@@ -30,7 +30,8 @@ from .rows import Row
 from .skeleton import Splicer, opaque
 from .specials import KIND as SPECIALS
 from .tiling import ASCII, UTF8, columns, holder, widths
-from .verify import IGNORE_INDEX, content_texts, dropped_by_template, runs, sequence_problems, verify_turns
+from .verify import (IGNORE_INDEX, content_texts, dropped_by_template, empty_block_pattern, empty_reasoning,
+                     empty_reasoning_problem, reasoning_tags, runs, sequence_problems, verify_turns)
 
 # Problems that make a row unusable for training (the engine leaves such rows out).
 BLOCKING = frozenset({"render_error", "markers_empty", "truncated_all", "no_supervised", SPECIALS})
@@ -127,6 +128,9 @@ class Encoder:
         # whether the template writes the same with and without add_generation_prompt: found on
         # the first trained turn rendered (None until then)
         self._prompt_ignored: Optional[bool] = None
+        # the reasoning tags (<think>, the template's own) and the pattern of an empty block: found
+        # on the first chat row (None until then)
+        self._reasoning = None
 
     def _need_template(self) -> None:
         if not self.template:
@@ -396,11 +400,26 @@ class Encoder:
             prompt_ends = {i: start for i, (start, _) in turns.items()}
             problems += verify_turns(chat, text, None if columns else final["offset_mapping"], trained, self.train_on,
                                      columns and columns[0], prompt_ends, supplied)
+        problems += self._empty_reasoning(chat, text, columns, final, trained, turns)
         encoded = self._finish(row, ids, trained, problems, self.chat_method, cut, trained_runs)
         if not supplied:
             return encoded
         kept = [k for k in supplied if k < encoded.length]
         return replace(encoded, prompted=tuple(runs(_flags_at(encoded.length, kept))))
+
+    def _empty_reasoning(self, chat: Chat, text: str, columns, final, trained: list[bool],
+                         turns: dict) -> list[tuple[str, str]]:
+        """The row's empty reasoning blocks (``<think>\\n\\n</think>``, or the template's own tags)
+        that carry loss: a reasoning template's boilerplate trained as content (issue 42)."""
+        if self._reasoning is None:
+            tags = reasoning_tags(self.render)
+            self._reasoning = tags, empty_block_pattern(tags)
+        tags, pattern = self._reasoning
+        if "<" not in text or pattern.search(text) is None:
+            return []
+        starts = columns[0] if columns is not None else [a for a, _ in final["offset_mapping"]]
+        count, held = empty_reasoning(text, starts, trained, pattern, turns)
+        return empty_reasoning_problem(count, held, chat.labels, tags)
 
     def _bare_prompts(self, chat: Chat, text: str, turns: dict) -> list[tuple[str, str]]:
         """A template that ignores add_generation_prompt gives an inference prompt without the

@@ -145,7 +145,14 @@ def judge_labels(tokenizer, sample, train_on: str, ids: Sequence[int], labels: S
                          f"{wrong[0]}): labels must be input_ids with -100 where no loss is taken; the model shifts"))
     if hasattr(sample, "messages") and train_on != "all":  # a conversation (layouts.Chat): judge each turn
         text, offsets = text_and_offsets(tokenizer, ids)
-        problems += verify_turns(sample, text, offsets, trained, train_on, prompt_ends=prompt_ends(tokenizer, sample, text))
+        ends = prompt_ends(tokenizer, sample, text)
+        problems += verify_turns(sample, text, offsets, trained, train_on, prompt_ends=ends)
+        tags, pattern = _template_reasoning(tokenizer)
+        if pattern.search(text):
+            bounds = sorted(ends.items(), key=lambda item: item[1]) + [(None, len(text))]
+            turns = {i: (end, after) for (i, end), (_, after) in zip(bounds, bounds[1:])}  # prompt end to the next
+            count, held = empty_reasoning(text, [a for a, _ in offsets], trained, pattern, turns)
+            problems += empty_reasoning_problem(count, held, sample.labels, tags)
     known = full_length is not None
     truncated = (full_length > len(ids)) if known else (max_length is not None and len(ids) >= max_length)
     spans = runs(trained)
@@ -239,3 +246,84 @@ def dropped_by_template(chat, text: str) -> list[tuple[str, str]]:
         problems.append(("tools_dropped", f"the chat template drops the row's tools ({', '.join(names)}): "
                          "the model never sees the tool schemas it is to call"))
     return problems
+
+
+# ---- empty reasoning blocks (issue 42) ------------------------------------------------------
+REASONING_TAGS = (("<think>", "</think>"),)  # Qwen3, DeepSeek-R1, QwQ and their kin; a template's own are added
+_PROBE_REASONING = "ftready-probe-reasoning"
+
+
+def reasoning_tags(render) -> tuple[tuple[str, str], ...]:
+    """The (opening, closing) reasoning tags: ``<think>``/``</think>``, and the tags between which
+    the chat template puts a message's ``reasoning_content`` (``render(messages)`` gives its
+    text), where it renders it: the last tag before the reasoning and the first after it, tags
+    that a user turn's render does not hold as well (those are the turn's own markers)."""
+    tags = list(REASONING_TAGS)
+    try:
+        text = render([{"role": "user", "content": "Q"},
+                       {"role": "assistant", "reasoning_content": _PROBE_REASONING, "content": "A"}])
+        structural = set(_TAG.findall(render([{"role": "user", "content": "Q"}])))
+    except Exception:  # a template that needs more than the probe: the usual tags only
+        return tuple(tags)
+    at = text.find(_PROBE_REASONING) if isinstance(text, str) else -1
+    if at > 0:
+        before = [t for t in _TAG.findall(text[text.find("Q"):at]) if t not in structural]
+        after = [t for t in _TAG.findall(text[at + len(_PROBE_REASONING):]) if t not in structural]
+        if before and after and (before[-1], after[0]) not in tags:
+            tags.append((before[-1], after[0]))
+    return tuple(tags)
+
+
+_TAG = re.compile(r"<[^<>\s]{1,40}>")
+
+
+def empty_block_pattern(tags: Sequence[tuple[str, str]]) -> "re.Pattern[str]":
+    """An opening tag, only whitespace, its closing tag: an empty reasoning block."""
+    return re.compile("|".join(f"{re.escape(a)}\\s*{re.escape(b)}" for a, b in tags))
+
+
+def empty_reasoning(text: str, starts: Sequence[int], trained: Sequence[bool], pattern: "re.Pattern[str]",
+                    turns: Mapping[int, tuple[int, int]] = {}) -> tuple[int, list[int]]:
+    """(how many empty reasoning blocks of ``text`` have a trained token, the trained turns that
+    hold them): a token starting inside the block carries loss. ``starts``: each token's start
+    character (in order, or not); ``turns``: message index -> its character span in ``text``."""
+    count, held = 0, []
+    if "<" not in text:
+        return 0, held
+    ordered = None
+    for match in pattern.finditer(text):
+        a, b = match.span()
+        if ordered is None:
+            ordered = all(map(operator.le, starts[:-1], starts[1:]))
+        if ordered:
+            hit = any(trained[bisect_left(starts, a):bisect_left(starts, b)])
+        else:
+            hit = any(flag for start, flag in zip(starts, trained) if a <= start < b)
+        if hit:
+            count += 1
+            held += [i for i, (lo, hi) in turns.items() if lo < b and a < hi and i not in held]
+    return count, held
+
+
+def empty_reasoning_problem(count: int, held: Sequence[int], labels: Sequence[str],
+                            tags: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The row's ``empty_reasoning_trained`` problem ([] when ``count`` is 0)."""
+    if not count:
+        return []
+    where = f" of {', '.join(labels[i] for i in held)}" if held else ""
+    shown = " or ".join(f"{a}…{b}" for a, b in tags)
+    return [("empty_reasoning_trained", f"{count} empty reasoning block(s) ({shown} with only whitespace between) "
+             f"carry loss in the trained tokens{where}: the model learns to answer without reasoning")]
+
+
+_TEMPLATE_REASONING: dict = {}  # chat template text -> (its reasoning tags, their empty-block pattern)
+
+
+def _template_reasoning(tokenizer) -> tuple:
+    """``reasoning_tags`` of the tokenizer's chat template and their pattern, found once per template."""
+    template = getattr(tokenizer, "chat_template", None)
+    key = template if isinstance(template, str) else repr(template)
+    if key not in _TEMPLATE_REASONING:
+        tags = reasoning_tags(lambda messages: tokenizer.apply_chat_template(messages, tokenize=False))
+        _TEMPLATE_REASONING[key] = tags, empty_block_pattern(tags)
+    return _TEMPLATE_REASONING[key]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import html
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from ..files import write_private
 from ..units import format_value, human_bytes
@@ -316,11 +316,14 @@ def html_report(run: RecipeRun, full_report: Optional[str] = None, now: Optional
             "</header><main>" + body + "</main></body></html>\n")
 
 
-def masking_page(examples: list[dict], method: str) -> str:
-    """masking.html: every shown example token by token (the report embeds the first few)."""
+def masking_page(examples: list[dict], method: str, counts: Sequence[tuple[str, int]] = ()) -> str:
+    """masking.html: every shown example token by token (the report embeds the first few).
+    ``counts``: (what, rows) lines shown above them (empty reasoning blocks trained, ...)."""
+    shown = "".join(f"<p class='count'>{esc(what)}: {rows:,} row(s)</p>" for what, rows in counts)
     return ("<!doctype html><html lang='en'><head><meta charset='utf-8'><title>ftready: loss masking</title>"
             f"<style>{STYLE}</style></head><body><header><h1>Loss masking</h1><p>Trained spans found by "
-            f"{esc(method)}.</p></header><main><section>{masking_examples(examples)}</section></main></body></html>\n")
+            f"{esc(method)}.</p>{shown}</header><main><section>{masking_examples(examples)}</section></main>"
+            "</body></html>\n")
 
 
 def write_report(folder: Path, run: RecipeRun, write: Callable[[Path, str], Path] = write_private) -> Path:

@@ -115,6 +115,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "chat_template": _k("path", "", "a .jinja file overriding the tokenizer's template", must_exist=True),
         "add_special_tokens": _k("bool", False, "the trainer tokenizes rendered text adding BOS/EOS"),
         "stop_tokens": _k("strs", [], "extra end-of-turn tokens besides EOS"),
+        "train_empty_reasoning": _k("bool", True, "whether an empty reasoning block (<think></think> with only "
+                                    "whitespace between, a reasoning template's boilerplate for rows without "
+                                    "reasoning) may carry loss; false: data.masking fails on rows that train one "
+                                    "(LLaMA-Factory's enable_thinking: false masks it)"),
         "roles": _k("table", {}, "ShareGPT speaker names mapped to roles, e.g. { bot = \"assistant\" }"),
         "eval": _k("paths", [], "held-out evaluation files (jsonl/json/parquet/csv, or glob patterns) the run "
                    "evaluates on (eval_dataset); [] with eval_split = 0: the run evaluates nothing",

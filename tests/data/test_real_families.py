@@ -238,6 +238,8 @@ def test_reasoning_content_a_template_drops_is_named_and_one_it_renders_passes(t
                                  "the model would be trained to answer without it"),)
     assert encode(encoder(tokenizers, "qwen35", QWEN35), REASONING_APART).problems == ()
     # earlier turns' reasoning that Qwen 3.5 strips is not judged under last_assistant: those turns do not train
+    # (the last answer, without reasoning, trains the template's empty <think> block: counted, not blocking)
     earlier = [REASONING_APART[1], REASONING_APART[2], {"role": "user", "content": "And the lamps?"},
                {"role": "assistant", "content": "Kalo sees three lamps."}]
-    assert encode(encoder(tokenizers, "qwen35", QWEN35), earlier).problems == ()
+    problems = encode(encoder(tokenizers, "qwen35", QWEN35), earlier).problems
+    assert [kind for kind, _ in problems] == ["empty_reasoning_trained"]

@@ -301,6 +301,18 @@ def _dataset_entry(b: Builder, names: list, info: dict, info_path: Path) -> None
             "description per config")
 
 
+def _thinking(b: Builder, row: Row, name: str, value: Any, default: bool) -> None:
+    """enable_thinking: LLaMA-Factory's ReasoningTemplate puts the empty <think> block of an answer
+    without reasoning in the response (true, its default) or in the prompt (false: no loss)."""
+    b.put(name, "data", "train_empty_reasoning", value is not False)
+    if value is False:
+        b.caveat(name, "LLaMA-Factory puts a reasoning template's empty <think> block in the prompt and strips the "
+                 "answers' reasoning; data.masking judges the labels of the pipeline it runs: LLaMA-Factory's own "
+                 "where it is installed, else the model's Jinja template, which may train the block",
+                 handed=b.runs.get(name) == "handed")
+
+
 HANDLERS = {**SHARED_HANDLERS, "mixed_precision": SHARED_HANDLERS["precision"], "quantization": _quantization,
             "finetuning": _recorded, "freeze": _freeze, "lora_alpha": _lora_alpha, "targets": _targets,
-            "datasets": _recorded, "train_on": _recorded, "packing": _packing}
+            "datasets": _recorded, "train_on": _recorded, "packing": _packing,
+            "thinking": _thinking}
