@@ -38,8 +38,9 @@ CHAT_METHODS = ("generation-markers", "prefix-diff")  # Encoded.method of rows r
 MARKERS = re.compile(r"\{%-?\s*generation\s*-?%\}")
 BATCH_ROWS = 256  # spliced chat rows tokenized in one call (each row's offsets are Python objects until labelled)
 # A conversation of more messages than this is rendered first in its leading LEADING_MESSAGES, 2x, 4x, ...
-# messages, until a render is past the character budget: the messages after lie beyond max_length
-# tokens and are left out, so a row's per-turn renders cost what its first max_length tokens cost
+# messages, until they hold a trained turn and are more than max_length or render past the character
+# budget: the messages after lie beyond max_length tokens and are left out, so a row's per-turn renders
+# cost what its first max_length tokens cost
 LEADING_MESSAGES = 16
 
 
@@ -204,9 +205,10 @@ class Encoder:
         render_marked = self._render_marked if self.markers else None
         batch = []
         for k, (row, sample) in enumerate(pairs):
-            # a row whose contents alone are past the budget is never spliced (its text would be): the
-            # row-by-row path cuts it before its per-turn renders
-            if isinstance(sample, Chat) and _content_chars(sample) <= self.char_budget:
+            # a row whose contents alone are past the budget, or of more messages than max_length, is
+            # never spliced (its text would be past it): the row-by-row path cuts it before its per-turn renders
+            if (isinstance(sample, Chat) and len(sample.messages) <= self.max_length
+                    and _content_chars(sample) <= self.char_budget):
                 done = self.splicer.splice(sample, self.render, render_marked)
                 if done is not None:
                     batch.append((k, sample, done))
@@ -369,18 +371,20 @@ class Encoder:
         return self._chat_labels(row, chat, text, generation, turns, problems, base, final, cut)
 
     def _leading(self, chat: Chat, budget: int) -> Chat:
-        """``chat`` cut after its first 16, 32, 64, ... messages once their render is past ``budget``
-        characters (what follows is beyond max_length tokens) and they hold a trained turn; ``chat``
+        """``chat`` cut after its first 16, 32, 64, ... messages once they hold a trained turn and are more
+        than max_length or render past ``budget`` characters (what follows is beyond max_length tokens;
+        a cut that proves unsafe is undone by the caller, as for long contents); ``chat``
         itself where no such cut is shorter, or a render fails (the row's own render reports it).
         Costs renders of at most twice the messages kept."""
         count, n = LEADING_MESSAGES, len(chat.messages)
         while count < n:
-            try:
-                past = len(self.render(chat.messages[:count], tools=chat.tools)) > budget
+            trained = tuple(i for i in chat.trained if i < count)
+            try:  # more messages than max_length: each renders its content, one token at least
+                past = bool(trained) and (count > self.max_length
+                                          or len(self.render(chat.messages[:count], tools=chat.tools)) > budget)
             except Exception:  # a template refusing a conversation cut short: render the whole row
                 return chat
-            trained = tuple(i for i in chat.trained if i < count)
-            if past and trained:
+            if past:
                 return replace(chat, messages=chat.messages[:count], labels=chat.labels[:count], trained=trained,
                                marks=chat.marks[:count])
             count *= 2

@@ -103,6 +103,20 @@ def test_long_row_under_a_template_without_generation_blocks_is_cut_too(make_sta
     assert max(rendered) <= 256 and state.digest.methods == {"prefix-diff"}
 
 
+def test_row_of_more_messages_than_max_length_is_cut_by_its_count(make_state, run_check, tiny_example, edit_recipe,
+                                                                   rendered):
+    # two characters a message: 10,000 of them render within the character budget of max_length
+    # 64 (65 tokens of up to 19 characters), yet only the first 64 can be in the tokens
+    _with_template(tiny_example, edit_recipe, "{% for m in messages %}{{ m['content'] + '\\n' }}{% endfor %}")
+    edit_recipe(tiny_example / "recipe.toml", max_length="64")
+    chat = {"messages": [{"role": "user" if i % 2 == 0 else "assistant", "content": "k"} for i in range(10_000)]}
+    write_rows(tiny_example, chat)
+    state = make_state()
+    run_check(state, "data.template")
+    assert max(rendered) <= 128, max(rendered)
+    assert state.digest.encoded == 5
+
+
 # ---- hang 2: a template's loops -----------------------------------------------------------------
 NESTED = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 
