@@ -177,11 +177,16 @@ def test_step_limit_holds_on_both_render_paths_and_each_render_has_its_own(tiny_
             renderer.force_slow()
         with pytest.raises(RenderLimit):
             renderer.render([USER, ANSWER])
-    # the compiled template others render (transformers' own apply_chat_template) is not limited
+    # transformers' own apply_chat_template renders the same compiled template: bounded once the
+    # plugin has bound it (as the special-token probe does before its render)
     tok.chat_template = "{% for i in range(60000) %}{% endfor %}{% for i in range(60000) %}{% endfor %}" + CHATML
     assert tok.apply_chat_template([USER, ANSWER], tokenize=False).endswith("<|im_end|>\n")
     with pytest.raises(RenderLimit):
         Renderer(tok).render([USER, ANSWER])
+    with pytest.raises(RenderLimit):
+        tok.apply_chat_template([USER, ANSWER], tokenize=False)
+    with pytest.raises(RenderLimit):  # the render that tracks {% generation %} blocks too
+        tok.apply_chat_template([USER, ANSWER], return_assistant_tokens_mask=True, return_dict=True)
 
 
 # ---- unclear messages ---------------------------------------------------------------------------
