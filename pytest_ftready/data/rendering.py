@@ -8,7 +8,9 @@ special tokens as template variables, and ``render_jinja_template``; with
 makes exactly those calls itself, once per render, so one render gives both the text and the
 generation spans. Where the installed transformers lacks those functions, has another
 signature, or the tokenizer overrides ``apply_chat_template``, every render goes through
-``apply_chat_template`` itself: the results are the same either way, only slower.
+``apply_chat_template`` itself: the results are the same either way, only slower. Every render of
+a template this module (or the special-token probe) has bound is bounded: its loops together may
+take MAX_RANGE_STEPS ``range()`` steps (``bound_template``).
 """
 
 from __future__ import annotations
