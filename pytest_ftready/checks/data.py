@@ -112,6 +112,8 @@ def data_template(ctx) -> None:
     found = digest.places(TEMPLATE_KINDS)
     if found:
         hints = {
+            "render_error": f"the chat template ({_template_source(recipe)}) fails on those rows: fix it, or set "
+                            "[data] chat_template to one that renders them",
             "bos_doubled": "tokenize the rendered chat with add_special_tokens=False (or drop BOS from the template)",
             "generation_prompt_ignored": f"the chat template ({_template_source(recipe)}) must write the assistant "
                                          "header when add_generation_prompt is true: add its "

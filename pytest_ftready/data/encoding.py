@@ -38,6 +38,11 @@ BLOCKING = frozenset({"render_error", "markers_empty", "truncated_all", "no_supe
 CHAT_METHODS = ("generation-markers", "prefix-diff")  # Encoded.method of rows rendered through the chat template
 MARKERS = re.compile(r"\{%-?\s*generation\s*-?%\}")
 BATCH_ROWS = 256  # spliced chat rows tokenized in one call (each row's offsets are Python objects until labelled)
+# A conversation of more messages than this is rendered first in its leading LEADING_MESSAGES, 2x, 4x, ...
+# messages, until they hold a trained turn and are more than max_length or render past the character
+# budget: the messages after lie beyond max_length tokens and are left out, so a row's per-turn renders
+# cost what its first max_length tokens cost
+LEADING_MESSAGES = 16
 
 
 @dataclass(frozen=True)
@@ -204,7 +209,10 @@ class Encoder:
         render_marked = self._render_marked if self.markers else None
         batch = []
         for k, (row, sample) in enumerate(pairs):
-            if isinstance(sample, Chat):
+            # a row whose contents alone are past the budget, or of more messages than max_length, is
+            # never spliced (its text would be past it): the row-by-row path cuts it before its per-turn renders
+            if (isinstance(sample, Chat) and len(sample.messages) <= self.max_length
+                    and _content_chars(sample) <= self.char_budget):
                 done = self.splicer.splice(sample, self.render, render_marked)
                 if done is not None:
                     batch.append((k, sample, done))
@@ -334,7 +342,7 @@ class Encoder:
         the render too, so a row of megabytes costs what max_length tokens cost."""
         budget = self.char_budget if budget is None else budget
         whole = chat
-        chat = _clipped(chat, budget) if budget else chat
+        chat = self._leading(_clipped(chat, budget), budget) if budget else chat
         messages, tools = chat.messages, chat.tools
         problems: list[tuple[str, str]] = []
         markers = self.markers
@@ -354,13 +362,37 @@ class Encoder:
         turns = _turn_spans(chat, text, turn_renders, problems)
         cut = bool(budget) and (chat is not whole or len(text) > budget)
         if cut:
-            text = text[:budget]
-            generation = None if generation is None else [(a, min(b, budget)) for a, b in generation if a < budget]
+            # where every response starts past the budget, the first is kept in part: its labels then say
+            # that max_length cuts the whole response (not that the template marks nothing)
+            first = min((a for a, b in (turns.values() if generation is None else generation) if b > a), default=0)
+            keep = budget if first < budget else first + budget
+            text = text[:keep]
+            generation = None if generation is None else [(a, min(b, keep)) for a, b in generation if a < keep]
         base = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
         if cut and (len(base["input_ids"]) <= self.max_length or (markers and generation is None)):
             return self._encode_chat(row, whole, budget=0)  # the cut is not safe here: the whole row, exactly
         final = self.tok(text, add_special_tokens=True, return_offsets_mapping=True) if self.add_special else base
         return self._chat_labels(row, chat, text, generation, turns, problems, base, final, cut)
+
+    def _leading(self, chat: Chat, budget: int) -> Chat:
+        """``chat`` cut after its first 16, 32, 64, ... messages once they hold a trained turn and are more
+        than max_length or render past ``budget`` characters (what follows is beyond max_length tokens;
+        a cut that proves unsafe is undone by the caller, as for long contents); ``chat``
+        itself where no such cut is shorter, or a render fails (the row's own render reports it).
+        Costs renders of at most twice the messages kept."""
+        count, n = LEADING_MESSAGES, len(chat.messages)
+        while count < n:
+            trained = tuple(i for i in chat.trained if i < count)
+            try:  # more messages than max_length: each renders its content, one token at least
+                past = bool(trained) and (count > self.max_length
+                                          or len(self.render(chat.messages[:count], tools=chat.tools)) > budget)
+            except Exception:  # a template refusing a conversation cut short: render the whole row
+                return chat
+            if past:
+                return replace(chat, messages=chat.messages[:count], labels=chat.labels[:count], trained=trained,
+                               marks=chat.marks[:count])
+            count *= 2
+        return chat
 
     def _chat_labels(self, row: Row, chat: Chat, text: str, generation, turns: dict, problems: list, base, final,
                      cut: bool) -> Encoded:
@@ -500,7 +532,8 @@ class Encoder:
         size = f" (the row is at least {full_length:,} tokens; only its start was tokenized)" if cut else ""
         if trained_full and kept == 0:
             problems.append(("truncated_all", f"max_length {self.max_length} cuts the whole response "
-                             f"({least}{full_length:,} tokens, response starts at token {spans[0][0]})"))
+                             f"({least}{full_length:,} tokens, response starts at token {spans[0][0]}): raise [data] max_length "
+                             "past it, or shorten what comes before the response"))
         elif kept < trained_full:
             problems.append(("truncated_part", f"max_length {self.max_length} cuts {least}{trained_full - kept:,} of "
                              f"{least}{trained_full:,} response tokens{size}"))
@@ -600,6 +633,11 @@ class _Encoding:
 
     def char_to_token(self, char: int):
         return self.encoding.char_to_token(char) if self.columns is None else holder(self.columns[1], char)
+
+
+def _content_chars(chat: Chat) -> int:
+    """The characters of a conversation's string contents."""
+    return sum(len(m["content"]) for m in chat.messages if isinstance(m.get("content"), str))
 
 
 def _clipped(chat: Chat, budget: int) -> Chat:

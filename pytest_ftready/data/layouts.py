@@ -26,6 +26,9 @@ from .rows import Row
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "model": "assistant",
                   "system": "system", "tool": "tool", "observation": "tool", "function_call": "assistant",
                   "function": "tool", "developer": "developer"}
+# A conversation of more messages than this is no sane training row (a whole chat log in one row): it is
+# unusable, named with this limit, and never rendered (its per-turn checks would cost without end)
+MAX_MESSAGES = 10_000
 TRAIN_FLAGS = ("weight", "training")  # OpenAI: weight 0|1; Axolotl: training true|false
 
 
@@ -117,6 +120,24 @@ MULTIMODAL_FIX = ("the checks and the text-only fine-tune read text only: drop t
                   "them with a multimodal pipeline")
 
 
+def _shape_problem(content: Any) -> str:
+    """What a content that is neither text nor a list of typed parts is ("" when it is only empty:
+    none, a blank string, an empty list)."""
+    if content is None or isinstance(content, str) or content == []:
+        return ""
+    if not isinstance(content, list):
+        return f"has content of type {type(content).__name__}, not text"
+    k, item = next((k, p) for k, p in enumerate(content) if not (isinstance(p, dict) and "type" in p))
+    if isinstance(item, dict):
+        return f"has content[{k}], an object without a 'type', where a content part belongs"
+    if not isinstance(item, list):
+        return f"has content[{k}] of type {type(item).__name__} where a content part (an object) belongs"
+    depth = 1  # the content's own list
+    while isinstance(item, list) and depth < 1000:
+        item, depth = (item[0] if item else None), depth + 1
+    return f"has content[{k}], a list in a list (lists nested {depth} deep), where a content part (an object) belongs"
+
+
 def text_parts(content: Any) -> Optional[list[str]]:
     """The texts of a list of content parts, in order, as a chat template joins them; None when
     ``content`` is not a list of parts."""
@@ -197,6 +218,10 @@ def _chat(layout: str, turns: list[_Turn], train_on: str, tools: Optional[tuple]
     report a row that would train nothing."""
     if not turns:
         return None  # no message list: its problem is already said
+    if len(turns) > MAX_MESSAGES:
+        problems.append(f"holds {len(turns):,} messages, more than the {MAX_MESSAGES:,} one row may hold (only its "
+                        "first max_length tokens would train): split the conversation into rows of fewer turns")
+        return None
     roles = [t.message.get("role") for t in turns]
     assistant = [i for i, role in enumerate(roles) if role == "assistant"]
     for turn, role in zip(turns, roles):
@@ -261,8 +286,8 @@ def _message_turns(items: Any, field: str, problems: list[str], role_of=None) ->
         if "tool_calls" in message and not isinstance(message["tool_calls"], (list, type(None))):
             problems.append(f"{label}.tool_calls must be a list")
         if not (tool_call or _content_ok(content)):
-            problems.append(f"{label} ({role}) has empty content (a string, or a list of "
-                            "{\"type\": \"text\", \"text\": ...} parts)")
+            problems.append(f"{label} ({role}) " + (_shape_problem(content) or "has empty content") + " (a string, "
+                            "or a list of {\"type\": \"text\", \"text\": ...} parts)")
         elif _content_ok(content) and isinstance(content, list) and (found := _parts_problem(content, label, role)):
             problems.append(found)
         turns.append(_Turn(out, label, *_flag(message, label, problems)))

@@ -8,7 +8,9 @@ special tokens as template variables, and ``render_jinja_template``; with
 makes exactly those calls itself, once per render, so one render gives both the text and the
 generation spans. Where the installed transformers lacks those functions, has another
 signature, or the tokenizer overrides ``apply_chat_template``, every render goes through
-``apply_chat_template`` itself: the results are the same either way, only slower.
+``apply_chat_template`` itself: the results are the same either way, only slower. Every render of
+a template this module (or the special-token probe) has bound is bounded: its loops together may
+take MAX_RANGE_STEPS ``range()`` steps (``bound_template``).
 """
 
 from __future__ import annotations
@@ -17,9 +19,14 @@ import inspect
 import itertools
 import operator
 from bisect import bisect_left, bisect_right
+from contextvars import ContextVar
 from typing import Callable, Optional, Sequence
 
 from .verify import runs
+
+# range() steps one render may take, all its loops together (jinja's sandbox bounds each range() call to
+# 100,000 items, not nested loops of them): a template past it fails the row, naming this limit
+MAX_RANGE_STEPS = 100_000
 
 # the parameters of transformers' render_jinja_template this module relies on, in order
 RENDER_PARAMS = ("conversations", "tools", "documents", "chat_template", "return_assistant_tokens_mask",
@@ -57,6 +64,7 @@ class Renderer:
         self.fast = False
 
     def _slow(self, messages, tools, add_generation_prompt: bool) -> str:
+        bound_template(self.tok, list(tools) if tools else None)
         return self.tok.apply_chat_template(list(messages), tools=list(tools) if tools else None, tokenize=False,
                                             add_generation_prompt=add_generation_prompt)
 
@@ -65,6 +73,7 @@ class Renderer:
         tools = list(tools) if tools else None
         template = self.tok.get_chat_template(None, tools)
         conversation = self._normalize(list(messages))
+        bound_template(self.tok, tools, template)
         rendered, indices = self._render(conversations=[conversation], tools=tools, documents=None,
                                          chat_template=template, return_assistant_tokens_mask=mask,
                                          continue_final_message=False, add_generation_prompt=add_generation_prompt,
@@ -86,6 +95,95 @@ class Renderer:
         if self._direct_ok(messages):
             return self._direct(messages, tools, False, True)
         return self._slow(messages, tools, False), None
+
+
+class RenderLimit(ValueError):
+    """A chat template's render went past MAX_RANGE_STEPS."""
+
+
+# the steps left to the render under way (a one-item list), None outside a bounded template's render
+_STEPS: ContextVar[Optional[list]] = ContextVar("ftready_range_steps", default=None)
+
+
+def bound_template(tokenizer, tools=None, template: Optional[str] = None) -> None:
+    """Bound every render of the tokenizer's chat template (``template``, else the one picked for
+    ``tools``), whoever renders it in this process: transformers compiles a template once (its own
+    cache) and renders that object; its ``range`` becomes ``counted_range`` and each ``render``
+    (or ``generate``) starts with MAX_RANGE_STEPS steps. Nothing where transformers compiles otherwise."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        compiled = _compile_jinja_template(template or tokenizer.get_chat_template(None, tools))
+    except Exception:  # another transformers, or no template: the render itself says so
+        return
+    if compiled.globals.get("range") is counted_range:
+        return
+    render, generate = compiled.render, compiled.generate
+
+    def bounded_render(*args, **kwargs):
+        before = _STEPS.get()
+        _STEPS.set([MAX_RANGE_STEPS])
+        try:
+            return render(*args, **kwargs)
+        finally:
+            _STEPS.set(before)
+
+    def bounded_generate(*args, **kwargs):  # the render that tracks {% generation %} blocks
+        before = _STEPS.get()
+        _STEPS.set([MAX_RANGE_STEPS])
+        try:
+            yield from generate(*args, **kwargs)
+        finally:
+            _STEPS.set(before)
+    compiled.render, compiled.generate = bounded_render, bounded_generate
+    compiled.globals["range"] = counted_range
+
+
+def counted_range(*args: int):
+    """``range`` as a bounded template sees it: jinja's sandboxed range, whose items spend the steps
+    of the render under way."""
+    from jinja2.sandbox import safe_range
+
+    items = safe_range(*args)
+    steps = _STEPS.get()
+    return items if steps is None else _Steps(items, steps)
+
+
+class _Steps:
+    """A range whose iteration spends one of ``steps`` per item, raising RenderLimit past the last
+    (length, indexing and ``in`` as the range's own)."""
+
+    __slots__ = ("items", "steps")
+
+    def __init__(self, items: range, steps: list) -> None:
+        self.items, self.steps = items, steps
+
+    def __iter__(self):
+        steps = self.steps
+        for item in self.items:
+            steps[0] -= 1
+            if steps[0] < 0:
+                raise RenderLimit(f"the template's loops took more than {MAX_RANGE_STEPS:,} range() steps in one "
+                                  "render (nested range loops?): a chat template must render a conversation in a "
+                                  "bounded number of steps; remove those loops or set [data] chat_template to one "
+                                  "without them")
+            yield item
+
+    def __reversed__(self):
+        return iter(_Steps(self.items[::-1], self.steps))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __contains__(self, item) -> bool:
+        return item in self.items
+
+    def __getitem__(self, key):
+        got = self.items[key]
+        return _Steps(got, self.steps) if isinstance(got, range) else got
+
+    def __repr__(self) -> str:
+        return repr(self.items)
 
 
 def generation_mask(encoding, spans: Sequence[tuple[int, int]], columns=None) -> Optional[list[bool]]:

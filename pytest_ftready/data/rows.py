@@ -99,6 +99,8 @@ def chunks(files, chunk_bytes: int = CHUNK_BYTES) -> Iterator[Chunk]:
         unreadable = _unreadable(path)
         if unreadable:
             yield RowBatch((RowProblem(str(path), 0, "unreadable", unreadable),))
+        elif suffix == ".json" and (spread := _spread_object(path)):
+            yield RowBatch((RowProblem(str(path), 1, "malformed", spread),))
         elif suffix in (".jsonl", ".ndjson") or (suffix == ".json" and _looks_like_jsonl(path)):
             yield from _line_ranges(path, chunk_bytes)
         elif suffix in _TABLES:
@@ -155,11 +157,34 @@ def _parsed(file: str, line_no: int, line: str) -> Item:
             return _surrogate_problem(file, line_no)
         return Row(file, line_no, value)
     except json.JSONDecodeError as exc:
-        return RowProblem(file, line_no, "malformed", f"not valid JSON ({exc.msg} at column {exc.colno})")
+        spread = SPREAD_HINT if line.strip() in ("{", "[") else ""
+        return RowProblem(file, line_no, "malformed", f"not valid JSON ({exc.msg} at column {exc.colno}){spread}")
     except RecursionError:
         return RowProblem(file, line_no, "malformed", "JSON nested too deeply to parse")
     except ValueError as exc:  # e.g. an integer longer than Python converts
         return RowProblem(file, line_no, "malformed", f"not valid JSON ({exc})")
+
+
+ROWS_EXPECTED = ("a training file holds JSON Lines (one row object per line) or, as .json, one array of row objects "
+                 "([{...}, {...}])")
+SPREAD_HINT = f"; the line opens an object or array spread over several lines: {ROWS_EXPECTED}"
+
+
+def _spread_object(path: Path) -> str:
+    """The problem of a .json file holding one JSON object spread over several lines (a pretty-printed
+    row, or a dict of rows), "" otherwise: its first line alone is no JSON."""
+    with path.open("rb") as handle:
+        first = handle.readline(MAX_LINE_BYTES).removeprefix(b"\xef\xbb\xbf").strip()
+    if not first.startswith(b"{") or len(first) >= MAX_LINE_BYTES - 2:  # a line too long is said as such
+        return ""
+    try:
+        json.loads(first)
+        return ""
+    except UnicodeDecodeError:  # the rows say it, line by line
+        return ""
+    except ValueError:
+        return (f"the file holds one JSON object spread over several lines, not rows: {ROWS_EXPECTED}; write each "
+                "row on a line of its own, or put the rows in a [ ] array")
 
 
 def _looks_like_jsonl(path: Path) -> bool:

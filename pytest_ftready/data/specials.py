@@ -16,6 +16,7 @@ import re
 from typing import Iterable, Optional
 
 from .layouts import Chat, Sample
+from .rendering import bound_template
 from .scan import iter_strings
 
 KIND = "special_token_text"  # the problem kind an encoded row carries (blocking: never trained)
@@ -51,6 +52,7 @@ def _parsed_from_content(token: str, source: str) -> bool:
 def _probe_render(tokenizer) -> Optional[str]:
     """A two-turn conversation rendered by the chat template (its own tokens around turns); None
     when it does not render (then every special token is reserved)."""
+    bound_template(tokenizer)  # a template looping without end fails this render, bounded
     try:
         return tokenizer.apply_chat_template(list(_PROBE), tokenize=False)
     except Exception:  # a template that refuses this conversation (jinja raises many types)
