@@ -318,8 +318,8 @@ class _Taint:
         if isinstance(test, n.Compare) and isinstance(test.expr, n.Const) and len(test.ops) == 1 \
                 and test.ops[0].op in ("in", "notin") and self.expr(test.ops[0].expr) == BARE:
             return test.ops[0].op == "notin"
-        if (isinstance(test, n.Call) and isinstance(test.node, n.Getattr) and test.node.attr in ("startswith", "endswith")
-                and self.expr(test.node.node) == BARE):
+        if (isinstance(test, n.Call) and isinstance(test.node, n.Getattr)
+                and test.node.attr in ("startswith", "endswith") and self.expr(test.node.node) == BARE):
             return False
         if isinstance(test, n.Test) and test.name == "string" and not test.args and self.always_text(test.node):
             return True

@@ -168,7 +168,8 @@ SPLICED = {"llama-3.1": ("Llama-3.1-8B-Instruct.jinja", "<|eot_id|>", "<|begin_o
 # turn that looks like a tool response (Qwen 3.5 looks for the last real user query)
 REASONING_ROWS = [{"messages": m} for m in (REASONING_IN_CONTENT, REASONING_APART, REASONING_IN_HISTORY, [
     {"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "Checking."},
-    {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"}, {"role": "assistant", "content": "Sunny."}])]
+    {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"},
+    {"role": "assistant", "content": "Sunny."}])]
 
 
 @pytest.mark.parametrize("name", list(SPLICED))
