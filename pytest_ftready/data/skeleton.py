@@ -57,7 +57,7 @@ def opaque(template: str, special_tokens: Sequence[str] = ()) -> bool:
     return needles(template, special_tokens) is not None
 
 
-def needles(template: str, special_tokens: Sequence[str] = ()) -> Optional[frozenset[str]]:
+def needles(template: str, special_tokens: Sequence[str] = ()) -> Optional[frozenset]:
     """The strings a content is tested for (``'</think>' in content``, ``content.startswith('<x>')``,
     Qwen 3.5's and DeepSeek-R1's templates) when the template is opaque otherwise, else None.
 
@@ -66,7 +66,9 @@ def needles(template: str, special_tokens: Sequence[str] = ()) -> Optional[froze
     its ``| trim``, nothing concatenated to it), so a row whose contents hold none is spliced
     (``Splicer``) and the code behind a true test (Qwen 3.5 splitting the reasoning off a content)
     is never run for it: that code is not analysed. A row with a needle in a content is rendered
-    row by row."""
+    row by row. ``("edge", chars)``: the content is stripped of ``chars`` (Qwen 3's
+    ``content.lstrip('\n')``), the content itself unless it starts or ends with one of them (no
+    placeholder does); a row whose content does is rendered row by row."""
     if not template or any(mark in text for mark in MARKS for text in (template, *special_tokens)):
         return None
     try:
@@ -361,6 +363,15 @@ class _Taint:
                     raise _NotOpaque
                 self.add_needle(value.value)
             return None
+        if (isinstance(callee, n.Getattr) and callee.attr in ("lstrip", "rstrip", "strip") and not node.kwargs
+                and node.dyn_args is None and node.dyn_kwargs is None and len(node.args) == 1
+                and isinstance(node.args[0], n.Const) and isinstance(node.args[0].value, str) and node.args[0].value
+                and self.expr(callee.node) == BARE):
+            # Qwen 3's content.lstrip('\n'): the content itself where it neither starts nor ends with one of
+            # those characters (as no placeholder does: its ends are marks); a row whose content does goes
+            # row by row (an edge needle: ("edge", chars))
+            self.needles.add(("edge", node.args[0].value))
+            return BARE
         self.clean(*node.args[1:], *(kw.value for kw in node.kwargs), node.dyn_args, node.dyn_kwargs)
         if isinstance(callee, n.Getattr) and callee.attr == "get" and self.expr(callee.node) == MESSAGE:
             if node.args and isinstance(node.args[0], n.Const):
@@ -457,7 +468,7 @@ class Splicer:
     """Renders chat rows of one encoder by splicing; ``splice`` gives (text, generation spans,
     turn spans) exactly as the row-by-row renders would, or None (then render the row)."""
 
-    def __init__(self, char_budget: int, needles: frozenset[str] = frozenset()) -> None:
+    def __init__(self, char_budget: int, needles: frozenset = frozenset()) -> None:
         self.char_budget = char_budget
         self.needles = needles  # a row with one of them in a content goes row by row (see ``needles``)
         self.skeletons: dict = {}
@@ -580,7 +591,7 @@ def _locate(starts: list[int], literals: list[str], position: int) -> Optional[t
     return None
 
 
-def structure(chat, needles: frozenset[str] = frozenset()) -> Optional[tuple]:
+def structure(chat, needles: frozenset = frozenset()) -> Optional[tuple]:
     """What a render depends on besides the contents (None: the row cannot be spliced): each
     message's other fields, whether its content is empty, which turns train, the tools.
     ``needles``: strings the template tests a content for (see ``needles``)."""
@@ -591,7 +602,7 @@ def structure(chat, needles: frozenset[str] = frozenset()) -> Optional[tuple]:
             return None
         if OPEN in content or CLOSE in content or PAD in content:
             return None
-        if any(needle in content for needle in needles):
+        if any(_edged(content, needle[1]) if isinstance(needle, tuple) else needle in content for needle in needles):
             return None
         fields = tuple((k, v) for k, v in m.items() if k != "content")
         if not all(isinstance(v, str) for _, v in fields):
@@ -605,6 +616,13 @@ def structure(chat, needles: frozenset[str] = frozenset()) -> Optional[tuple]:
     if tools is None:
         return None
     return tuple(parts), _first_equal(chat), chat.trained, tools
+
+
+def _edged(content: str, chars: str) -> bool:
+    """Whether ``content`` or its ``| trim`` starts or ends with one of ``chars``."""
+    trimmed = content.strip()
+    return content != "" and any(end != "" and end in chars for end in (content[:1], content[-1:], trimmed[:1],
+                                                                          trimmed[-1:]))
 
 
 def _dumped(value) -> Optional[str]:

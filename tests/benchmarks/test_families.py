@@ -41,7 +41,9 @@ FAMILIES = {
     "llama-3.1": ("Llama-3.1-8B-Instruct.jinja", "<|eot_id|>", "<|begin_of_text|>", "llama-bpe", "assistant", ()),
     "mistral-nemo": ("Mistral-Nemo-Instruct-2407.jinja", "</s>", "<s>", "llama-spm", "assistant", ()),
     "qwen2.5": ("Qwen2.5-7B-Instruct.jinja", "<|im_end|>", "<s>", "qwen2", "assistant", ()),
-    # earlier turns lose their (empty) reasoning block: every assistant turn training is history_rewritten
+    # Qwen 3 / 3.5: earlier turns lose their (empty) reasoning block: training every assistant turn is
+    # history_rewritten
+    "qwen3": ("Qwen3-0.6B.jinja", "<|im_end|>", "<s>", "qwen2", "last_assistant", ()),
     "qwen3.5": ("Qwen3.5-4B.jinja", "<|im_end|>", "<s>", "qwen35", "last_assistant", ()),
     "qwen3.5-reasoning": ("Qwen3.5-4B.jinja", "<|im_end|>", "<s>", "qwen35", "last_assistant", ()),
     "phi-3": ("Phi-3-gguf.jinja", "<|end|>", "<s>", "phi-3", "assistant",

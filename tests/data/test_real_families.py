@@ -162,11 +162,14 @@ SPLICED = {"llama-3.1": ("Llama-3.1-8B-Instruct.jinja", "<|eot_id|>", "<|begin_o
            "deepseek-r1-distill": ("DeepSeek-R1-Distill-Qwen-32B.jinja", "<｜end▁of▁sentence｜>",
                                    "<｜begin▁of▁sentence｜>", {"</think>"}),
            "qwen2.5": ("Qwen2.5-7B-Instruct.jinja", "<|im_end|>", "<s>", set()),
+           "qwen3": ("Qwen3-0.6B.jinja", "<|im_end|>", "<s>",
+                     {"</think>", "<tool_response>", "</tool_response>", ("edge", "\n")}),
            "gemma-2": ("gemma-2-2b-it.jinja", "<end_of_turn>", "<bos>", set()),
            "phi-3": ("Phi-3-gguf.jinja", "<|end|>", "<s>", set())}
 # rows whose reasoning is in the content or in reasoning_content, earlier turns' reasoning, a user
 # turn that looks like a tool response (Qwen 3.5 looks for the last real user query)
 REASONING_ROWS = [{"messages": m} for m in (REASONING_IN_CONTENT, REASONING_APART, REASONING_IN_HISTORY, [
+    {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "\nHello."}], [
     {"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "Checking."},
     {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"},
     {"role": "assistant", "content": "Sunny."}])]
@@ -205,7 +208,8 @@ def test_family_templates_take_the_fast_path_and_splice_exactly(name):
         taken = [hasattr(s, "messages") and enc.splicer.splice(s, enc.render, None) is not None for _, s in pairs]
         spliced += sum(taken)
         for (row, sample), took in zip(pairs, taken):
-            if any(needle in m["content"] for m in getattr(sample, "messages", ()) for needle in tested):
+            if any(needle in m["content"] for m in getattr(sample, "messages", ()) for needle in tested
+                   if isinstance(needle, str)):
                 assert not took, row.data  # '</think>' in a content: the template splits it, row by row
     # DeepSeek-R1-Distill's inference prompt ends "<think>\n</think>", which its training render never
     # holds: no trained turn passes the prefix check, every row goes row by row (and fails data.template)
@@ -234,6 +238,8 @@ END = "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assista
      "{% endif %}", False),  # not always a string: its other branch is analysed
     ("{% if 'x' in m.content ~ m.role %}X{% endif %}", False),
     ("{% if '12' in m.content %}X{% endif %}", False),  # a placeholder holds digits
+    ("{{ m.content.lstrip('\n') }}", True),  # Qwen 3: a content starting with a newline goes row by row
+    ("{{ m.content.lstrip() }}", False),  # whitespace: a placeholder's padding
     ("{% if m.content == messages[0].content %}S{% endif %}", False),
     ("{% if m == 'hi' %}S{% endif %}", False),
     ("{{ m.content.upper() }}", False),
