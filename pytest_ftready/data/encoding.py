@@ -27,7 +27,7 @@ from .layouts import Chat, Plain, Sample, read_sample
 from .redaction import redact_pieces, row_values
 from .rendering import Renderer, generation_runs
 from .rows import Row
-from .skeleton import Splicer, opaque
+from .skeleton import Splicer, needles
 from .specials import KIND as SPECIALS
 from .tiling import ASCII, UTF8, columns, holder, widths
 from .verify import (IGNORE_INDEX, content_texts, dropped_by_template, empty_block_pattern, empty_reasoning,
@@ -118,8 +118,10 @@ class Encoder:
         self.renderer = Renderer(tokenizer)  # one render gives the text and the {% generation %} spans
         # chat rows rendered by splicing contents into each structure's render (data/skeleton.py)
         specials = [str(v) for v in tokenizer.special_tokens_map.values()]
-        self.splicer = (Splicer(self.char_budget) if self.format in ("auto", *CHAT_FORMATS) and self.renderer.fast
-                        and all(opaque(t, specials) for t in named) else None)  # a row with tools may pick another
+        tested = [needles(t, specials) for t in named]  # a row with tools may pick another template
+        self.splicer = (Splicer(self.char_budget, frozenset().union(*tested))
+                        if self.format in ("auto", *CHAT_FORMATS) and self.renderer.fast
+                        and all(found is not None for found in tested) else None)
         # spliced rows whose tokens tile their text take their offsets from the tokens' widths
         # (data/tiling.py), once the first batch showed them right; offsets are looked at for masks
         # and verification only (not under train_on = "all"), of the text as tokenized (no special

@@ -9,9 +9,14 @@ the encoder needs around each trained turn (the inference prompt before it, the 
 it) and the ``{% generation %}`` spans; a row's text and its spans then cost one string join.
 
 ``opaque(template)`` proves from the template's Jinja syntax tree that every use of a content
-is printed, concatenated into printed text, trimmed, or tested for being a string / empty;
-any other use (``in``, ``split``, ``replace``, ``length``, indexing, ``tojson``, a macro call
-with it...) and the template is rendered row by row. A row is rendered row by row too when a
+is printed, concatenated into printed text, trimmed, passed to the template's own macro (whose
+output is then what it prints), or tested for being a string / empty, or, the content itself
+(trimmed or not), for holding a constant string (``'</think>' in content``,
+``content.startswith('<tool_response>')``: ``needles``). Any other use (``split``, ``replace``,
+``length``, indexing, ``tojson`` with arguments, a needle test on the content concatenated to
+something...) and the template is rendered row by row, except where it sits behind a needle test
+no spliced row passes (Qwen 3.5's and DeepSeek-R1's reasoning ``split``). A row is rendered row
+by row too when a content holds a needle, when a
 content holds a placeholder character, is whitespace only (no placeholder keeps both its
 truthiness and its trimmed emptiness), or is not a string, and a structure whose render
 fails, or whose turn renders are not prefixes of the training render, goes row by row (the
@@ -34,6 +39,8 @@ _PIECE = re.compile(f"{PAD}{OPEN}(\\d+){CLOSE}{PAD}|{OPEN}(\\d+){CLOSE}")
 MAX_STRUCTURES = 4096  # skeletons kept per encoder (the cache is emptied when full)
 
 LIST, MESSAGE, TEXT = "messages", "message", "content"  # what a template expression holds
+BARE = "bare content"  # a content itself, or trimmed: what a needle test reads (see ``needles``)
+TEXTS = (TEXT, BARE)
 TYPE_TESTS = frozenset({"string", "defined", "undefined", "none", "mapping", "sequence", "iterable"})
 DICT_ATTRIBUTES = frozenset(dir(dict))  # message.items, message.values, ...: contents as data
 
@@ -44,26 +51,43 @@ class _NotOpaque(Exception):
 
 def opaque(template: str, special_tokens: Sequence[str] = ()) -> bool:
     """Whether every render of ``template`` is its structure's skeleton with the contents spliced
-    in (see the module docstring). False when it cannot be parsed as transformers parses it, or
-    when it (or a special token it may print) holds a placeholder character."""
+    in (see the module docstring), for the rows whose contents hold none of ``needles(template)``.
+    False when it cannot be parsed as transformers parses it, or when it (or a special token it
+    may print) holds a placeholder character."""
+    return needles(template, special_tokens) is not None
+
+
+def needles(template: str, special_tokens: Sequence[str] = ()) -> Optional[frozenset]:
+    """The strings a content is tested for (``'</think>' in content``, ``content.startswith('<x>')``,
+    Qwen 3.5's and DeepSeek-R1's templates) when the template is opaque otherwise, else None.
+
+    Such a test is false for every placeholder (a needle holds a character no placeholder has),
+    and false for a content holding none of the needles (the test reads the content itself or
+    its ``| trim``, nothing concatenated to it), so a row whose contents hold none is spliced
+    (``Splicer``) and the code behind a true test (Qwen 3.5 splitting the reasoning off a content)
+    is never run for it: that code is not analysed. A row with a needle in a content is rendered
+    row by row. ``("edge", chars)``: the content is stripped of ``chars`` (Qwen 3's
+    ``content.lstrip('\n')``), the content itself unless it starts or ends with one of them (no
+    placeholder does); a row whose content does is rendered row by row."""
     if not template or any(mark in text for mark in MARKS for text in (template, *special_tokens)):
-        return False
+        return None
     try:
         from transformers.utils.chat_template_utils import _compile_jinja_template
 
         tree = _compile_jinja_template(template).environment.parse(template)
     except Exception:  # another transformers, or a template jinja rejects: row by row
-        return False
+        return None
     taint = _Taint()
     try:
         for _ in range(8):  # until no name gains a taint: an earlier use may read a later binding
             taint.changed = False
+            taint.needles = set()
             taint.statements(tree.body)
             if not taint.changed:
-                return True
+                return frozenset(taint.needles)
     except _NotOpaque:
-        return False
-    return False
+        return None
+    return None
 
 
 class _Taint:
@@ -72,16 +96,22 @@ class _Taint:
 
     def __init__(self) -> None:
         self.names: dict[str, str] = {"messages": LIST}
+        self.untainted: set[str] = set()  # names also bound to something else than a content/message/list
+        self.macros: dict = {}  # name -> the template's {% macro %} node
+        self.needles: set[str] = set()
         self.changed = False
 
     def bind(self, name: str, kind: Optional[str]) -> None:
-        if kind is None:
-            return  # a name never loses a taint: scopes and orders are not followed
+        if kind is None:  # a name never loses a taint: scopes and orders are not followed
+            if name not in self.untainted:
+                self.untainted.add(name)
+                self.changed = True
+            return
         old = self.names.get(name)
-        if old is None:
+        if old is None or (old == BARE and kind == TEXT):
             self.names[name] = kind
             self.changed = True
-        elif old != kind:
+        elif old != kind and {old, kind} != {BARE, TEXT}:
             raise _NotOpaque
 
     def mentions(self, node) -> bool:
@@ -98,7 +128,7 @@ class _Taint:
 
         if isinstance(node, n.Output):
             for child in node.nodes:
-                if self.expr(child) not in (None, TEXT):
+                if self.expr(child) not in (None, *TEXTS):
                     raise _NotOpaque  # a message or the list printed: its repr holds the contents
         elif isinstance(node, n.For):
             kind = self.expr(node.iter)
@@ -106,15 +136,20 @@ class _Taint:
                 self.bind(node.target.name, MESSAGE)
             elif kind is not None:
                 raise _NotOpaque
+            else:
+                self.target(node.target, None)
             if node.test is not None:
                 self.expr(node.test)
             self.statements(node.body)
             self.statements(node.else_)
         elif isinstance(node, n.If):
             self.expr(node.test)
-            self.statements(node.body)
-            self.statements(node.elif_)
-            self.statements(node.else_)
+            known = self.static(node.test)
+            if known is not False:
+                self.statements(node.body)
+            if known is not True:  # the branches a spliced row may take
+                self.statements(node.elif_)
+                self.statements(node.else_)
         elif isinstance(node, n.Assign):
             self.target(node.target, self.expr(node.node))
         elif isinstance(node, n.AssignBlock):
@@ -132,6 +167,7 @@ class _Taint:
             for default in node.defaults:
                 if self.expr(default) is not None:
                     raise _NotOpaque
+            self.macros[node.name] = node
             self.statements(node.body)
         elif isinstance(node, n.With):
             for target, value in zip(node.targets, node.values):
@@ -158,6 +194,9 @@ class _Taint:
             self.bind(f"{node.name}.{node.attr}", kind)
         elif kind is not None:
             raise _NotOpaque
+        else:
+            for name in node.find_all(n.Name):
+                self.bind(name.name, None)
 
     def clean(self, *exprs) -> None:
         for expr in exprs:
@@ -169,8 +208,8 @@ class _Taint:
         if kind is None:
             return None
         if kind == MESSAGE and isinstance(name, str) and not (through_attribute and name in DICT_ATTRIBUTES):
-            return TEXT if name == "content" else None
-        if kind == TEXT and isinstance(name, str) and not hasattr(str, name):
+            return BARE if name == "content" else None
+        if kind in TEXTS and isinstance(name, str) and not hasattr(str, name):
             return None  # undefined for every str content (Mistral's "message.content.content is defined")
         raise _NotOpaque
 
@@ -207,7 +246,7 @@ class _Taint:
             return self.filter(node)
         if isinstance(node, n.Test):
             if (node.name in ("defined", "undefined") and isinstance(node.node, n.Getattr)
-                    and self.expr(node.node.node) == TEXT):
+                    and self.expr(node.node.node) in TEXTS):
                 return None  # an attribute of a content (a str in every spliced row): whether it exists is its type's
             kind = self.expr(node.node)
             self.clean(*node.args, *(kw.value for kw in node.kwargs), node.dyn_args, node.dyn_kwargs)
@@ -216,17 +255,18 @@ class _Taint:
             return None
         if isinstance(node, (n.Add, n.Concat)):
             kinds = {self.expr(child) for child in ((node.left, node.right) if isinstance(node, n.Add) else node.nodes)}
-            return self.either(kinds)
+            return self.either({TEXT if kind == BARE else kind for kind in kinds})  # more than the content
         if isinstance(node, n.Not):
             self.expr(node.node)  # truthiness: emptiness is part of the structure
             return None
-        if isinstance(node, n.Compare) and (self.has_key(node) or self.same_messages(node)):
+        if isinstance(node, n.Compare) and (self.has_key(node) or self.same_messages(node) or self.needle(node)):
             return None
         if isinstance(node, (n.And, n.Or)):
-            return self.either({self.expr(node.left), self.expr(node.right)})
+            return self.either({self.expr(node.left), self.expr(node.right)}, loose=True)
         if isinstance(node, n.CondExpr):
             self.expr(node.test)
-            return self.either({self.expr(node.expr1), None if node.expr2 is None else self.expr(node.expr2)})
+            return self.either({self.expr(node.expr1), None if node.expr2 is None else self.expr(node.expr2)},
+                               loose=True)
         # anything else (comparisons, arithmetic, literals, slices...) only on structure
         for child in node.iter_child_nodes():
             self.clean(child)
@@ -246,8 +286,64 @@ class _Taint:
         return (all(op.op in ("eq", "ne") for op in node.ops)
                 and all(self.expr(e) == MESSAGE for e in (node.expr, *(op.expr for op in node.ops))))
 
-    def either(self, kinds: set) -> Optional[str]:
+    def needle(self, node) -> bool:
+        """``'</think>' in content`` (``not in``): see ``needles``."""
+        from jinja2 import nodes as n
+
+        if not (isinstance(node.expr, n.Const) and len(node.ops) == 1 and node.ops[0].op in ("in", "notin")
+                and self.expr(node.ops[0].expr) == BARE):
+            return False
+        self.add_needle(node.expr.value)
+        return True
+
+    def add_needle(self, value) -> None:
+        """A needle must be a str holding a character no placeholder holds (a digit or a mark)."""
+        if not isinstance(value, str) or not value.strip("0123456789"):
+            raise _NotOpaque
+        self.needles.add(value)
+
+    def static(self, test) -> Optional[bool]:
+        """The value of an {% if %} test in every spliced row, where the syntax tells it: a needle
+        test is false (``in`` / ``startswith`` / ``endswith``, see ``needles``), a content ``is
+        string``; ``not``, ``and``, ``or`` of those."""
+        from jinja2 import nodes as n
+
+        if isinstance(test, n.Not):
+            inner = self.static(test.node)
+            return None if inner is None else not inner
+        if isinstance(test, (n.And, n.Or)):
+            left, right = self.static(test.left), self.static(test.right)
+            stop = isinstance(test, n.Or)  # the value that decides: True for or, False for and
+            if stop in (left, right):
+                return stop
+            return (not stop) if left is not None and right is not None else None
+        if isinstance(test, n.Compare) and isinstance(test.expr, n.Const) and len(test.ops) == 1 \
+                and test.ops[0].op in ("in", "notin") and self.expr(test.ops[0].expr) == BARE:
+            return test.ops[0].op == "notin"
+        if (isinstance(test, n.Call) and isinstance(test.node, n.Getattr)
+                and test.node.attr in ("startswith", "endswith") and self.expr(test.node.node) == BARE):
+            return False
+        if isinstance(test, n.Test) and test.name == "string" and not test.args and self.always_text(test.node):
+            return True
+        return None
+
+    def always_text(self, node) -> bool:
+        """Whether ``node`` holds a content (a str in every spliced row) whatever it is bound to:
+        a content of a message, its ``| trim``, a name bound to nothing else, a macro's output."""
+        from jinja2 import nodes as n
+
+        return self.expr(node) == BARE and not any(
+            name.name in self.untainted for name in node.find_all(n.Name))
+
+    def either(self, kinds: set, loose: bool = False) -> Optional[str]:
+        """The one taint of ``kinds``; ``loose``: some of them may hold something else (``a or
+        content``), so no longer the content itself."""
+        if loose and None in kinds and BARE in kinds:
+            kinds.add(TEXT)
+            kinds.discard(BARE)
         kinds.discard(None)
+        if kinds == {BARE, TEXT}:
+            return TEXT
         if len(kinds) > 1:
             raise _NotOpaque
         return kinds.pop() if kinds else None
@@ -256,6 +352,26 @@ class _Taint:
         from jinja2 import nodes as n
 
         callee = node.node
+        if isinstance(callee, n.Name) and callee.name in self.macros and callee.name not in self.names:
+            return self.macro_call(self.macros[callee.name], node)
+        if (isinstance(callee, n.Getattr) and callee.attr in ("startswith", "endswith") and not node.kwargs
+                and node.dyn_args is None and node.dyn_kwargs is None and len(node.args) == 1
+                and self.expr(callee.node) == BARE):
+            arg = node.args[0]  # a string or a tuple of strings, constant
+            for value in arg.items if isinstance(arg, n.Tuple) else (arg,):
+                if not isinstance(value, n.Const):
+                    raise _NotOpaque
+                self.add_needle(value.value)
+            return None
+        if (isinstance(callee, n.Getattr) and callee.attr in ("lstrip", "rstrip", "strip") and not node.kwargs
+                and node.dyn_args is None and node.dyn_kwargs is None and len(node.args) == 1
+                and isinstance(node.args[0], n.Const) and isinstance(node.args[0].value, str) and node.args[0].value
+                and self.expr(callee.node) == BARE):
+            # Qwen 3's content.lstrip('\n'): the content itself where it neither starts nor ends with one of
+            # those characters (as no placeholder does: its ends are marks); a row whose content does goes
+            # row by row (an edge needle: ("edge", chars))
+            self.needles.add(("edge", node.args[0].value))
+            return BARE
         self.clean(*node.args[1:], *(kw.value for kw in node.kwargs), node.dyn_args, node.dyn_kwargs)
         if isinstance(callee, n.Getattr) and callee.attr == "get" and self.expr(callee.node) == MESSAGE:
             if node.args and isinstance(node.args[0], n.Const):
@@ -263,6 +379,52 @@ class _Taint:
             raise _NotOpaque
         self.clean(callee, *node.args[:1])
         return None
+
+    def macro_call(self, macro, node) -> Optional[str]:
+        """A call of the template's own macro: its parameters take the arguments' taints (one not
+        given holds its default or is undefined: something else); its output is what it prints."""
+        if node.dyn_args is not None or node.dyn_kwargs is not None or len(node.args) > len(macro.args):
+            raise _NotOpaque
+        given = {param.name: self.expr(arg) for param, arg in zip(macro.args, node.args)}
+        names = {param.name for param in macro.args}
+        for kw in node.kwargs:
+            if kw.key not in names:
+                raise _NotOpaque
+            given[kw.key] = self.expr(kw.value)
+        for param in macro.args:
+            self.bind(param.name, given.get(param.name))
+        printed = self.printed(macro.body)
+        if printed is not None:
+            return BARE if len(printed) == 1 and self.always_text(printed[0]) else (TEXT if printed else None)
+        return TEXT if any(kind is not None for kind in given.values()) else None
+
+    def printed(self, body) -> Optional[list]:
+        """The tainted expressions ``body`` prints in every spliced row, in order, when the syntax
+        tells (ifs decided by ``static``, constant text only empty); None when it does not."""
+        from jinja2 import nodes as n
+
+        out = []
+        for node in body:
+            if isinstance(node, n.Output):
+                for child in node.nodes:
+                    if isinstance(child, n.TemplateData) or (isinstance(child, n.Const) and child.value == ""):
+                        if child.data if isinstance(child, n.TemplateData) else False:
+                            return None
+                    elif self.expr(child) is not None:
+                        out.append(child)
+                    else:
+                        return None
+            elif isinstance(node, n.If):
+                known = self.static(node.test)
+                if known is None or (known is False and node.elif_):
+                    return None
+                inner = self.printed(node.body if known else node.else_)
+                if inner is None:
+                    return None
+                out.extend(inner)
+            else:
+                return None
+        return out
 
     def filter(self, node) -> Optional[str]:
         from jinja2 import nodes as n
@@ -272,7 +434,9 @@ class _Taint:
         plain = not node.args and not node.kwargs and node.dyn_args is None and node.dyn_kwargs is None
         if kind is None:
             return None
-        if kind == TEXT and node.name in ("trim", "string", "tojson") and plain:
+        if kind in TEXTS and node.name in ("trim", "string") and plain:
+            return kind  # a content trimmed is still the content itself to a needle test
+        if kind in TEXTS and node.name == "tojson" and plain:
             return TEXT  # tojson escapes the content: _skeleton's probe render finds where it does
         if kind in (LIST, MESSAGE) and node.name in ("length", "count"):
             return None
@@ -304,8 +468,9 @@ class Splicer:
     """Renders chat rows of one encoder by splicing; ``splice`` gives (text, generation spans,
     turn spans) exactly as the row-by-row renders would, or None (then render the row)."""
 
-    def __init__(self, char_budget: int) -> None:
+    def __init__(self, char_budget: int, needles: frozenset = frozenset()) -> None:
         self.char_budget = char_budget
+        self.needles = needles  # a row with one of them in a content goes row by row (see ``needles``)
         self.skeletons: dict = {}
 
     def splice(self, chat, render: Callable, render_marked: Optional[Callable]
@@ -313,7 +478,7 @@ class Splicer:
         """``render(messages, add_generation_prompt, tools)``: the text; ``render_marked(messages,
         tools)``: the text and its {% generation %} spans (None spans: unknown), or None when the
         generation spans are not wanted."""
-        key = structure(chat)
+        key = structure(chat, self.needles)
         if key is None:
             return None
         try:
@@ -426,15 +591,18 @@ def _locate(starts: list[int], literals: list[str], position: int) -> Optional[t
     return None
 
 
-def structure(chat) -> Optional[tuple]:
+def structure(chat, needles: frozenset = frozenset()) -> Optional[tuple]:
     """What a render depends on besides the contents (None: the row cannot be spliced): each
-    message's other fields, whether its content is empty, which turns train, the tools."""
+    message's other fields, whether its content is empty, which turns train, the tools.
+    ``needles``: strings the template tests a content for (see ``needles``)."""
     parts = []
     for m in chat.messages:
         content = m.get("content")
         if not isinstance(content, str) or (content and not content.strip()):
             return None
         if OPEN in content or CLOSE in content or PAD in content:
+            return None
+        if any(_edged(content, needle[1]) if isinstance(needle, tuple) else needle in content for needle in needles):
             return None
         fields = tuple((k, v) for k, v in m.items() if k != "content")
         if not all(isinstance(v, str) for _, v in fields):
@@ -448,6 +616,13 @@ def structure(chat) -> Optional[tuple]:
     if tools is None:
         return None
     return tuple(parts), _first_equal(chat), chat.trained, tools
+
+
+def _edged(content: str, chars: str) -> bool:
+    """Whether ``content`` or its ``| trim`` starts or ends with one of ``chars``."""
+    trimmed = content.strip()
+    return content != "" and any(end != "" and end in chars for end in (content[:1], content[-1:], trimmed[:1],
+                                                                          trimmed[-1:]))
 
 
 def _dumped(value) -> Optional[str]:

@@ -155,22 +155,40 @@ def test_phi3_gguf_template_dropping_a_message_names_it(tokenizers, dropped, rol
     assert encode(enc, rest).problems == ()  # the same template with nothing to drop
 
 
-SPLICED = {"llama-3.1": ("Llama-3.1-8B-Instruct.jinja", "<|eot_id|>"),
-           "mistral-nemo": ("Mistral-Nemo-Instruct-2407.jinja", "</s>")}
+# family -> (template file, eos, bos, the strings the template tests a content for)
+SPLICED = {"llama-3.1": ("Llama-3.1-8B-Instruct.jinja", "<|eot_id|>", "<|begin_of_text|>", set()),
+           "mistral-nemo": ("Mistral-Nemo-Instruct-2407.jinja", "</s>", "<s>", set()),
+           "qwen3.5": ("Qwen3.5-4B.jinja", "<|im_end|>", "<s>", {"</think>", "<tool_response>", "</tool_response>"}),
+           "deepseek-r1-distill": ("DeepSeek-R1-Distill-Qwen-32B.jinja", "<｜end▁of▁sentence｜>",
+                                   "<｜begin▁of▁sentence｜>", {"</think>"}),
+           "qwen2.5": ("Qwen2.5-7B-Instruct.jinja", "<|im_end|>", "<s>", set()),
+           "qwen3": ("Qwen3-0.6B.jinja", "<|im_end|>", "<s>",
+                     {"</think>", "<tool_response>", "</tool_response>", ("edge", "\n")}),
+           "gemma-2": ("gemma-2-2b-it.jinja", "<end_of_turn>", "<bos>", set()),
+           "phi-3": ("Phi-3-gguf.jinja", "<|end|>", "<s>", set())}
+# rows whose reasoning is in the content or in reasoning_content, earlier turns' reasoning, a user
+# turn that looks like a tool response (Qwen 3.5 looks for the last real user query)
+REASONING_ROWS = [{"messages": m} for m in (REASONING_IN_CONTENT, REASONING_APART, REASONING_IN_HISTORY, [
+    {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "\nHello."}], [
+    {"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "Checking."},
+    {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"},
+    {"role": "assistant", "content": "Sunny."}])]
 
 
 @pytest.mark.parametrize("name", list(SPLICED))
-def test_llama_and_mistral_templates_take_the_fast_path_and_splice_exactly(name):
+def test_family_templates_take_the_fast_path_and_splice_exactly(name):
     """Their constructs ('tool_calls' in message, message == user_messages[-1], a tool result's
-    content | tojson) are proved or probed, and the spliced rows equal the row-by-row ones."""
+    content | tojson, Qwen 3.5's render_content macro, '</think>' in content before a split) are
+    proved or probed, and the spliced rows equal the row-by-row ones; a row with a needle in a
+    content goes row by row."""
     from pytest_ftready.data.layouts import row_problems
-    from pytest_ftready.data.skeleton import opaque
+    from pytest_ftready.data.skeleton import needles
     from pytest_ftready.tiny import build_tokenizer
     from tests.data.test_skeleton import SPLICE_ROWS, variants
 
-    file, eos = SPLICED[name]
+    file, eos, bos, tested = SPLICED[name]
     template = (TEMPLATES / file).read_text()
-    assert opaque(template)
+    assert needles(template) == tested
     tool_turns = {"messages": [{"role": "user", "content": "Weather in Oslo?"},
                                {"role": "assistant", "content": "Let me look."},
                                {"role": "user", "content": "Weather in Oslo?"},  # equal to an earlier message
@@ -178,18 +196,24 @@ def test_llama_and_mistral_templates_take_the_fast_path_and_splice_exactly(name)
                                {"role": "tool", "content": "{\"sky\": \"clear\"}\n", "tool_call_id": "abcdefghi"},
                                {"role": "user", "content": "Thanks"}, {"role": "assistant", "content": "You're welcome."}]}
     rows = [Row("t.jsonl", n, variants(data, k)) for n, (k, data) in enumerate(
-        (k, data) for k in range(2) for data in SPLICE_ROWS + [tool_turns])]
+        (k, data) for k in range(2) for data in SPLICE_ROWS + [tool_turns] + REASONING_ROWS)]
     spliced = 0
     for train_on in ("assistant", "last_assistant"):
-        tok = build_tokenizer(template, eos=eos, bos="<s>" if eos == "</s>" else "<|begin_of_text|>")
+        tok = build_tokenizer(template, eos=eos, bos=bos)
         enc = Encoder(tok, SimpleNamespace(format="auto", train_on=train_on, max_length=512, add_special_tokens=False),
                       stop_token_ids(tok))
-        assert enc.splicer is not None
+        assert enc.splicer is not None and enc.splicer.needles == tested
         pairs = [(row, read_sample(row, "auto", train_on)[0]) for row in rows if not row_problems(row, "auto", train_on)]
         assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs], train_on
-        spliced += sum(1 for _, s in pairs if hasattr(s, "messages")
-                       and enc.splicer.splice(s, enc.render, None) is not None)
-    assert spliced > 20, spliced
+        taken = [hasattr(s, "messages") and enc.splicer.splice(s, enc.render, None) is not None for _, s in pairs]
+        spliced += sum(taken)
+        for (row, sample), took in zip(pairs, taken):
+            if any(needle in m["content"] for m in getattr(sample, "messages", ()) for needle in tested
+                   if isinstance(needle, str)):
+                assert not took, row.data  # '</think>' in a content: the template splits it, row by row
+    # DeepSeek-R1-Distill's inference prompt ends "<think>\n</think>", which its training render never
+    # holds: no trained turn passes the prefix check, every row goes row by row (and fails data.template)
+    assert (spliced > 20) == (name != "deepseek-r1-distill"), spliced
 
 
 LOOP = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
@@ -203,7 +227,19 @@ END = "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assista
     ("{% if m.content.content is defined %}{{ m.content.content }}{% else %}{{ m.content }}{% endif %}", True),
     ("{% if m.content.upper is defined %}U{% endif %}{{ m.content }}", True),
     ("{{ m.content | tojson }}", True),  # proved opaque but escaping: the probe render sends such rows row by row
-    ("{% if 'x' in m.content %}X{% endif %}", False),
+    ("{% if 'x' in m.content %}X{% endif %}", True),  # a needle: rows holding 'x' go row by row
+    ("{% if not m.content.startswith(('<a>', 'b')) %}{{ m.content }}{% endif %}", True),
+    ("{% macro show(c) %}{% if c is string %}{{- c }}{% else %}{% for i in c %}{{ i.text }}{% endfor %}{% endif %}"
+     "{% endmacro %}{% set c = show(m.content) | trim %}{% if '</t>' in c %}{{ c.split('</t>')[1] }}{% endif %}{{ c }}",
+     True),  # Qwen 3.5's render_content and reasoning split: the split runs only for a content holding '</t>'
+    ("{% macro show(c) %}{{ c }}!{% endmacro %}{% if '</t>' in show(m.content) %}{{ m.content.split('</t>') }}"
+     "{% endif %}", False),  # the macro prints more than the content: '</t>' may straddle
+    ("{% set c = m.content if loop.first else [m.content] %}{% if c is string %}{{ c }}{% else %}{{ c[0] }}"
+     "{% endif %}", False),  # not always a string: its other branch is analysed
+    ("{% if 'x' in m.content ~ m.role %}X{% endif %}", False),
+    ("{% if '12' in m.content %}X{% endif %}", False),  # a placeholder holds digits
+    ("{{ m.content.lstrip('\n') }}", True),  # Qwen 3: a content starting with a newline goes row by row
+    ("{{ m.content.lstrip() }}", False),  # whitespace: a placeholder's padding
     ("{% if m.content == messages[0].content %}S{% endif %}", False),
     ("{% if m == 'hi' %}S{% endif %}", False),
     ("{{ m.content.upper() }}", False),
@@ -243,3 +279,37 @@ def test_reasoning_content_a_template_drops_is_named_and_one_it_renders_passes(t
                {"role": "assistant", "content": "Kalo sees three lamps."}]
     problems = encode(encoder(tokenizers, "qwen35", QWEN35), earlier).problems
     assert [kind for kind, _ in problems] == ["empty_reasoning_trained"]
+
+
+def test_fuzzed_reasoning_contents_on_qwen35_splice_exactly():
+    """Contents made of the needles' pieces ("</think>", a half of it, "<tool_response>"...), whitespace
+    and marks: the batched (spliced where it can) path equals the row-by-row one on Qwen 3.5."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from pytest_ftready.data.layouts import row_problems
+    from pytest_ftready.tiny import build_tokenizer
+
+    tok = build_tokenizer(QWEN35, eos="<|im_end|>")
+    enc = Encoder(tok, SimpleNamespace(format="auto", train_on="last_assistant", max_length=96,
+                                       add_special_tokens=False), stop_token_ids(tok))
+    assert enc.splicer is not None
+    pieces = st.lists(st.sampled_from(["a", " ", "\n", "<think>", "</think>", "</thi", "nk>", "<tool_response>",
+                                       "</tool_response>", "<|im_end|>", "\u3000", "é"]), max_size=6).map("".join)
+    turns = st.lists(st.tuples(st.sampled_from(["user", "tool"]), pieces, pieces), min_size=1, max_size=3)
+
+    @settings(max_examples=80, deadline=None, database=None, derandomize=True)
+    @given(turns)
+    def check(turns):
+        messages = [m for k, (role, ask, answer) in enumerate(turns)  # a user query first, as Qwen 3.5 wants
+                    for m in ({"role": "user" if k == 0 else role, "content": ask},
+                              {"role": "assistant", "content": answer})]
+        row = Row("t.jsonl", 1, {"messages": messages})
+        if not row_problems(row, "auto", "last_assistant"):
+            sample = read_sample(row, "auto", "last_assistant")[0]
+            assert enc.encode_many([(row, sample)]) == [enc.encode(row, sample)]
+            taken.append(enc.splicer.splice(sample, enc.render, None) is not None)
+
+    taken: list = []
+    check()
+    assert 5 < sum(taken) < len(taken) - 5, taken  # both paths were compared

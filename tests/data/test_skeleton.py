@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from pytest_ftready.data.layouts import read_sample, row_problems
 from pytest_ftready.data.rows import Row
-from pytest_ftready.data.skeleton import MARKS, opaque
+from pytest_ftready.data.skeleton import MARKS, needles, opaque
 from pytest_ftready.tiny import CHATML
 from tests.data.test_encoding import CHAT, GEMMA, LLAMA3, MISTRAL, THINKING
 from tests.data.test_fast_paths import ROWS, TEMPLATES, WITH_TOOLS, encoder, tokenizers  # noqa: F401
@@ -39,7 +39,9 @@ def test_templates_that_only_print_contents_are_opaque(template):
 
 
 @pytest.mark.parametrize("use", [
-    "{{ m['content'].split('</think>')[-1] }}", "{% if '<tool>' in m['content'] %}x{% endif %}",
+    "{{ m['content'].split('</think>')[-1] }}", "{% if '<tool>' in m['content'] ~ '' %}x{% endif %}",
+    "{% if '7' in m['content'] %}x{% endif %}",  # a needle a placeholder may hold
+    "{% if m['content'].startswith(m['role']) %}x{% endif %}",  # a needle that is no constant
     "{{ m['content'] | length }}", "{{ m['content'][0] }}", "{{ m['content'] | replace('a', 'b') }}",
     "{{ m | tojson }}", "{{ m }}", "{{ messages | tojson }}", "{{ m['content'] | upper }}",
     "{% if m['content'] == 'hi' %}x{% endif %}", "{% set c = m['content'] %}{{ c.strip() }}",
@@ -58,7 +60,8 @@ def test_any_other_use_of_a_content_is_not_opaque(use):
 
 def test_reasoning_raising_and_marked_templates_are_not_opaque():
     assert not opaque(THINKING)  # it rewrites earlier turns from their content
-    assert not opaque(RAISES_ON_BOOM)
+    # it raises on a content holding "boom": proved for the rows without it, those with it go row by row
+    assert needles(RAISES_ON_BOOM) == {"boom"}
     assert not opaque(CHATML.replace("<|im_start|>", "<|im_start|>" + MARKS[0]))  # the template prints a mark
     assert not opaque(CHATML, special_tokens=["<s" + MARKS[1]])
     assert not opaque("{% include 'x' %}") and not opaque("{% for %}") and not opaque("")
