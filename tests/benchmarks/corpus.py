@@ -88,3 +88,14 @@ if __name__ == "__main__":  # python -m tests.benchmarks.corpus OUT.jsonl ROWS [
     import sys
 
     print(write_corpus(Path(sys.argv[1]), int(sys.argv[2]), text=sys.argv[3] if len(sys.argv) > 3 else "ascii"))
+
+
+def plain_labels(tok, rows) -> list:
+    """The plain labelling script the encoder is compared with: each row rendered by
+    ``apply_chat_template`` with its assistant mask, the labels -100 outside it."""
+    out = []
+    for r in rows:
+        done = tok.apply_chat_template(r.data["messages"], tokenize=True, return_dict=True,
+                                       return_assistant_tokens_mask=True)
+        out.append([t if m else -100 for t, m in zip(done["input_ids"], done["assistant_masks"])])
+    return out

@@ -26,7 +26,7 @@ import pytest
 
 from pytest_ftready.data.layouts import row_problems
 from pytest_ftready.data.rows import Row
-from tests.benchmarks.corpus import write_corpus
+from tests.benchmarks.corpus import plain_labels, write_corpus
 
 pytestmark = [pytest.mark.scale]
 
@@ -130,12 +130,7 @@ def test_family_data_checks_against_the_plain_script(benchmark, corpus, family):
         return enc.encode_many([(r, enc.sample(r)) for r in good])
 
     def plain():
-        out = []
-        for r in rows:
-            done = tok.apply_chat_template(r.data["messages"], tokenize=True, return_dict=True,
-                                           return_assistant_tokens_mask=True)
-            out.append([t if m else -100 for t, m in zip(done["input_ids"], done["assistant_masks"])])
-        return out
+        return plain_labels(tok, rows)
 
     ours, theirs = benchmark.pedantic(lambda: _timed(checks, plain), rounds=1, iterations=1)
     (encoded, wall, cpu), (labels, plain_wall, plain_cpu) = ours, theirs

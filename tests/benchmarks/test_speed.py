@@ -12,6 +12,7 @@ from pytest_ftready.data.layouts import row_problems
 from pytest_ftready.data.rows import Row
 from pytest_ftready.tiny import example_rows
 from tests import planted
+from tests.benchmarks.corpus import plain_labels
 
 ROWS = 3_000  # tests/benchmarks/test_scale.py measures a million (-m scale)
 
@@ -67,12 +68,7 @@ def test_plain_apply_chat_template_with_labels(benchmark, chat_rows, encoder):
     tok = encoder.tok
 
     def plain():
-        out = []
-        for r in chat_rows:
-            enc = tok.apply_chat_template(r.data["messages"], tokenize=True, return_dict=True,
-                                          return_assistant_tokens_mask=True)
-            out.append([t if m else -100 for t, m in zip(enc["input_ids"], enc["assistant_masks"])])
-        return out
+        return plain_labels(tok, chat_rows)
 
     ids = benchmark.pedantic(plain, rounds=1, iterations=1)
     benchmark.extra_info["rows"] = ROWS
