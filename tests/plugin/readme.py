@@ -28,15 +28,18 @@ def readme_text() -> str:
 
 def section(title: str) -> str:
     """The section under ``## title`` (to the next ``## `` heading), or a docs page's opening under its
-    ``# title`` (to its first ``## ``), in whichever page holds it; exactly one page may."""
+    ``# title`` (to its first ``## ``), in whichever page holds it: README.md's if it has one (a docs
+    page may reuse a heading such as "Running"), else the one docs page that does."""
     found = []
     for page in pages():
         body = "\n" + page.read_text(encoding="utf-8")
         starts = [body.find(f"\n## {title}\n")] + ([0] if body.startswith(f"\n# {title}\n") else [])
         for start in (s for s in starts if s >= 0):
             end = body.find("\n## ", start + 1)
-            found.append((page.name, body[start: end if end > 0 else None]))
-    assert len(found) == 1, f"section {title!r}: expected in exactly one page, found in {[p for p, _ in found]}"
+            found.append((page, body[start: end if end > 0 else None]))
+    if found and found[0][0] == README:
+        return found[0][1]
+    assert len(found) == 1, f"section {title!r}: expected in README.md or one docs page, found in {[p.name for p, _ in found]}"
     return found[0][1]
 
 
