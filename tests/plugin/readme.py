@@ -1,24 +1,46 @@
-"""The README's public names, read from the README itself: what the contract test holds the
-plugin to (so a name documented without a test, or tested without being documented, fails)."""
+"""The documentation's public names, read from the documentation itself (README.md, the landing
+page, and the manual in docs/*.md): what the contract test holds the plugin to (so a name
+documented without a test, or tested without being documented, fails)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+
+
+def pages() -> list[Path]:
+    """README.md first (its first code block is what a new user types), then docs/*.md by name."""
+    return [README, *sorted(DOCS.glob("*.md"))]
 
 
 def text() -> str:
+    """Every page, README.md first: the names documented anywhere."""
+    return "\n\n".join(page.read_text(encoding="utf-8") for page in pages())
+
+
+def readme_text() -> str:
     return README.read_text(encoding="utf-8")
 
 
 def section(title: str) -> str:
-    """The README section under ``## title`` (to the next ``## `` heading)."""
-    body = text()
-    start = body.index(f"\n## {title}\n")
-    end = body.find("\n## ", start + 1)
-    return body[start: end if end > 0 else None]
+    """The section under ``## title`` (to the next ``## `` heading), or a docs page's opening under its
+    ``# title`` (to its first ``## ``), in whichever page holds it: README.md's if it has one (a docs
+    page may reuse a heading such as "Running"), else the one docs page that does."""
+    found = []
+    for page in pages():
+        body = "\n" + page.read_text(encoding="utf-8")
+        starts = [body.find(f"\n## {title}\n")] + ([0] if body.startswith(f"\n# {title}\n") else [])
+        for start in (s for s in starts if s >= 0):
+            end = body.find("\n## ", start + 1)
+            found.append((page, body[start: end if end > 0 else None]))
+    if found and found[0][0] == README:
+        return found[0][1]
+    assert len(found) == 1, f"section {title!r}: expected in README.md or one docs page, found in {[p.name for p, _ in found]}"
+    return found[0][1]
 
 
 def code_blocks(body: str, lang: str) -> list[str]:

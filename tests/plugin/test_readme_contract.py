@@ -1,7 +1,7 @@
-"""The README is a contract: every fixture, option, ini key, environment variable, marker, hook,
-command, artifact, exit code and `## Running` line it documents has a test that uses it as a
-user would, and every name here is documented (the lists are read from the README itself,
-tests/plugin/readme.py). Most of them read the outputs of ONE whole run of the tiny example
+"""The documentation is a contract: every fixture, option, ini key, environment variable, marker,
+hook, command, artifact, exit code, check id, code block and `## Running` line that README.md or
+a page of docs/ documents has a test that uses it as a user would, and every name here is
+documented (the lists are read from the pages themselves, tests/plugin/readme.py). Most of them read the outputs of ONE whole run of the tiny example
 (``tiny_full_run``, tests/plugin/conftest.py); the rest point at the test that covers them."""
 
 from __future__ import annotations
@@ -129,8 +129,8 @@ CONTRACT: dict[str, dict[str, str]] = {
 @pytest.mark.parametrize("kind", sorted(CONTRACT))
 def test_every_documented_name_has_a_test_and_every_tested_name_is_documented(kind):
     documented, tested = readme.documented()[kind], set(CONTRACT[kind])
-    assert not documented - tested, f"documented in README.md without a contract test: {sorted(documented - tested)}"
-    assert not tested - documented, f"in the contract but not in README.md: {sorted(tested - documented)}"
+    assert not documented - tested, f"documented in README.md or docs/ without a contract test: {sorted(documented - tested)}"
+    assert not tested - documented, f"in the contract but not in README.md or docs/: {sorted(tested - documented)}"
 
 
 def test_every_contract_test_exists():
@@ -263,7 +263,7 @@ def test_a_k_run_keeps_the_full_figures_as_the_baseline_and_a_doubled_micro_batc
     recipe = (folder / "recipe.toml").read_text().replace("micro_batch_size = 4", "micro_batch_size = 8")
     # this shared CPU's step time varies several-fold under load; peak memory does not
     (doubled / "recipe.toml").write_text(recipe.replace("tokens_per_s = 0.5", "tokens_per_s = 0.95"))
-    baseline = str(arts / "measurements.json")  # README: --ftready-baseline=last/measurements.json
+    baseline = str(arts / "measurements.json")  # README's Running: --ftready-baseline=last/measurements.json
     result = run_pytest(doubled, "-k", "step_memory", "-p", "no:benchmark", "--junitxml=out.xml",
                         env={"FTREADY_BASELINE": baseline})
     state, message = outcomes(doubled / "out.xml")["model.step_memory"]
@@ -324,7 +324,7 @@ def test_ftready_tiny_writes_a_runnable_example_anywhere(tmp_path, monkeypatch):
 
 def test_ci_runs_the_readmes_first_commands():
     """The README's first block is what a new user types; .ci/run runs the same commands."""
-    block = readme.code_blocks(readme.text(), "bash")[0]
+    block = readme.code_blocks(readme.readme_text(), "bash")[0]
     ci = (ROOT / ".ci" / "run").read_text()
     commands = [c.strip() for line in block.splitlines() for c in line.split("&&")]
     assert commands[0].startswith("pip install torch==2.13.0") and '-e ".[test]"' in ci
