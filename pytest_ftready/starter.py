@@ -70,7 +70,7 @@ def model_facts(folder: Path) -> dict[str, tuple[Any, str]]:
             facts["license"] = (str(config["license"]).lower(), "config.json license")
     readme = folder / "README.md"
     if readme.is_file() and "license" not in facts:
-        from .data.audit import card_license
+        from .privacy.audit import card_license
 
         found = card_license(readme.read_text(encoding="utf-8", errors="replace"))
         if found:

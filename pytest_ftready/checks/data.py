@@ -10,7 +10,7 @@ from ..data.encoding import CHAT_METHODS, render_example
 from ..data.layouts import CHAT_LAYOUTS
 from ..data.lengths import padding_waste
 from ..data.digest import LISTED, sorted_sample
-from ..data.redaction import row_values
+from ..privacy.redaction import row_values
 from ..data.specials import KIND as SPECIALS
 from ..data.token_view import token_view
 from ..outputs.report import masking_page

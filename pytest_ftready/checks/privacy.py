@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..data.audit import exposure, looks_encrypted, model_license, walk
+from ..privacy.audit import exposure, looks_encrypted, model_license, walk
 from ..outcomes import Fail, Skip
 from .registry import STAGES, check
 

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from ..recipe.schema import CHAT_FORMATS
 from .fast_encoding import FastPaths
 from .layouts import Chat, Plain, Sample, read_sample
-from .redaction import redact_pieces, row_values
+from ..privacy.redaction import redact_pieces, row_values
 from .rendering import Renderer, generation_runs
 from .rows import Row
 from .specials import KIND as SPECIALS

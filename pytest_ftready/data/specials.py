@@ -17,7 +17,7 @@ from typing import Iterable, Optional
 
 from .layouts import Chat, Sample
 from .rendering import bound_template
-from .scan import iter_strings
+from ..privacy.scan import iter_strings
 
 KIND = "special_token_text"  # the problem kind an encoded row carries (blocking: never trained)
 _PROBE = ({"role": "user", "content": "x"}, {"role": "assistant", "content": "y"})

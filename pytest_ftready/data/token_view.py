@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from .encoding import IGNORE_INDEX, Encoded
-from .redaction import redact_pieces, redact_text, row_values
+from ..privacy.redaction import redact_pieces, redact_text, row_values
 
 HEAD_TOKENS, TAIL_TOKENS = 384, 128  # a long example shows its start and its end (where EOS is trained)
 

@@ -583,8 +583,8 @@ class RecipeState:
 
     @fact
     def scan(self):
-        """One scan of the training data and [privacy] scan_paths for every category (data.audit.ScanResult)."""
-        from ..data.audit import scan_paths
+        """One scan of the training data and [privacy] scan_paths for every category (privacy.audit.ScanResult)."""
+        from ..privacy.audit import scan_paths
         from ..data.passes import PassFailed
 
         try:

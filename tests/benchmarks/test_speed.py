@@ -96,7 +96,7 @@ def corpus(tmp_path_factory):
 
 @pytest.mark.benchmark(group="secret scanning, 0.5 MB of JSONL")
 def test_scanner_speed(benchmark, corpus):
-    from pytest_ftready.data.audit import scan_files
+    from pytest_ftready.privacy.audit import scan_files
 
     found, scanned, _ = benchmark.pedantic(lambda: scan_files([corpus], frozenset({"secrets", "pii"})),
                                            rounds=3, iterations=1)

@@ -161,7 +161,7 @@ def test_parquet_is_read_in_batches_numbered_across_them(tmp_path, monkeypatch):
 def test_the_scan_reads_csv_and_parquet_rows_as_the_data_pass_does(tmp_path):
     import pandas
 
-    from pytest_ftready.data.audit import scan_file
+    from pytest_ftready.privacy.audit import scan_file
     from tests import planted
 
     card, email = planted.CARD, planted.PII["email"]
@@ -219,8 +219,8 @@ def test_workers_never_run_the_starting_script_again(corpus, tmp_path):
 
 
 def test_a_long_scan_reports_its_bytes_rate_and_eta(corpus, monkeypatch):
-    from pytest_ftready.data import prefilter
-    from pytest_ftready.data.audit import scan_files
+    from pytest_ftready.privacy import prefilter
+    from pytest_ftready.privacy.audit import scan_files
 
     lines: list[str] = []
     monkeypatch.setattr(meter, "QUIET_SECONDS", -1.0)
