@@ -21,6 +21,7 @@ from pyrsistent import field as pfield
 
 from ..files import pseudo_file_system
 from ..kinds import KIND_NAMES
+from . import tables
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -251,33 +252,35 @@ TOP_KEYS = {"name": _k("str", "", "recipe name; default: the file stem")}
 SCAN_KINDS = ("secrets", "pii")
 
 
-def _record_class(table: str, keys: dict[str, Key]) -> type:
+def _record_class(table: str, keys: dict[str, Key]) -> type[PRecord]:
+    # a subclass of the table's generated class (recipe/tables.py), so its type is what a type checker reads
     fields = {name: pfield() for name in keys}
-    return type(f"{table.capitalize()}Table", (PRecord,), fields)
+    return type(f"{table.capitalize()}Table", (tables.TABLE_TYPES[table],), fields)
 
 
 TABLE_CLASSES = {table: _record_class(table, keys) for table, keys in SCHEMA.items()}
 
 
 class Recipe(PRecord):
-    """The frozen recipe: ``recipe.data.max_length``, ``recipe.model.path`` ..."""
+    """The frozen recipe: ``recipe.data.max_length``, ``recipe.model.path`` ... (the tables' types:
+    ``recipe/tables.py``, generated from SCHEMA)."""
 
     name = pfield(type=str)
-    source = pfield()  # Path of the TOML file
-    folder = pfield()  # Path the relative paths were resolved against
-    model = pfield()
-    data = pfield()
-    adapter = pfield()
-    training = pfield()
-    hardware = pfield()
-    budget = pfield()
-    checks = pfield()
-    pins = pfield()
-    privacy = pfield()
-    export = pfield()
-    origin = pfield(initial=None)  # importers.Translation when read from a trainer's config, else None
-    distributed = pfield()
-    declared = pfield()  # frozenset of the tables written in the file (the rest are defaults)
+    source: Path = pfield()  # the TOML file
+    folder: Path = pfield()  # the folder the relative paths were resolved against
+    model: tables.ModelTable = pfield()
+    data: tables.DataTable = pfield()
+    adapter: tables.AdapterTable = pfield()
+    training: tables.TrainingTable = pfield()
+    hardware: tables.HardwareTable = pfield()
+    budget: tables.BudgetTable = pfield()
+    checks: tables.ChecksTable = pfield()
+    pins: tables.PinsTable = pfield()
+    privacy: tables.PrivacyTable = pfield()
+    export: tables.ExportTable = pfield()
+    origin: Any = pfield(initial=None)  # importers.Translation when read from a trainer's config, else None
+    distributed: tables.DistributedTable = pfield()
+    declared: frozenset[str] = pfield()  # frozenset of the tables written in the file (the rest are defaults)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-ready form (paths as strings) for artifacts."""

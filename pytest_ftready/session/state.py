@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..machine.devices import Device, resolve_device
 from ..machine.probes import Machine
@@ -19,6 +19,22 @@ from ..outcomes import Fail, out_of_memory
 from ..outputs.gate import Gate
 from ..outputs.measurements import Measurement
 from .facts import computed, fact
+
+if TYPE_CHECKING:  # the facts' types; their modules import torch or transformers, so only for type checkers
+    import datasets
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from ..data.digest import DataDigest, Plan
+    from ..data.encoding import Encoder
+    from ..engine.distributed.jobs import DistributedJobs
+    from ..engine.overfit import OverfitResult
+    from ..engine.step import EvalMeasurement, StepMeasurement
+    from ..engine.sustained_run import SustainedRun
+    from ..forecast.levers import Lever, Report
+    from ..machine.hub import Hub, ModelFiles
+    from ..privacy.audit import ScanResult
+    from ..trainers.base import Pipeline, PipelineInputs, ResumeRun, RunInputs, SavedRun, Trainer
+    from ..trainers.worker import InterruptedResume
 
 OTHER_CHUNK_BYTES = 16 * 2**20  # a chunk of rows for a pipeline other than the built-in encoder
 CPU_SHORT_SECONDS = 10.0  # --ftready-cpu-short caps the sustained window
@@ -52,7 +68,7 @@ class RunState:
         return self.machine_factory()
 
     @cached_property
-    def hub(self):
+    def hub(self) -> Hub:
         from ..machine.hub import RealHub
 
         return self.hub_factory() if self.hub_factory else RealHub()
@@ -228,24 +244,24 @@ class RecipeState:
 
     # ---- the model and the data ------------------------------------------------------------
     @fact
-    def tokenizer(self):
+    def tokenizer(self) -> PreTrainedTokenizerBase:
         """The recipe's tokenizer with its chat template override."""
         from ..engine.loading import load_tokenizer
 
         return self._load("tokenizer", lambda: load_tokenizer(self.recipe))
 
     @fact
-    def model(self):
+    def model(self) -> PreTrainedModel:
         """The base model on the recipe's device, loaded once per recipe per session."""
         from ..engine.loading import load_model
 
         device = self.torch_device
         return self.run.base_model(self.recipe, device, lambda: self._load("model", lambda: load_model(self.recipe, device)))
 
-    def shared_base(self):
+    def shared_base(self) -> PreTrainedModel:
         return self.model
 
-    def data_plan(self):
+    def data_plan(self) -> Plan:
         """How the data pass reads rows and how much of them it keeps (data.digest.Plan): enough
         trainable examples from the start for every check that trains (overfit, resume, the
         distributed job) and the longest ones for the worst-case batch."""
@@ -260,7 +276,7 @@ class RecipeState:
                     keep_first=max(256, c.overfit_examples, per_step * t.gradient_accumulation_steps * (c.resume_steps + 2)),
                     keep_longest=max(8, per_step))
 
-    def encoding_plan(self):
+    def encoding_plan(self) -> Plan:
         """``data_plan`` for a pass that encodes: rows holding the tokenizer's special tokens as text are marked."""
         from dataclasses import replace
 
@@ -269,12 +285,12 @@ class RecipeState:
         return replace(self.data_plan(), reserved=reserved_tokens(self.tokenizer))
 
     @fact
-    def rows(self):
+    def rows(self) -> DataDigest:
         """Every row of every training file read and shaped, no tokenizer needed
         (data.digest.DataDigest, its reading part)."""
         return self._data_pass(encoding=False)
 
-    def _data_pass(self, encoding: bool):
+    def _data_pass(self, encoding: bool) -> DataDigest:
         """One streaming pass over the training files (data.passes.run_pass), in worker processes
         when the data is large and the pipeline's encoder can travel to them."""
         from ..data.passes import PassFailed, run_pass, workers_for
@@ -305,7 +321,7 @@ class RecipeState:
         return {"encode": lambda pairs: pipeline.encode([row for row, _ in pairs]), "chunk_bytes": OTHER_CHUNK_BYTES}
 
     @fact
-    def dataset(self):
+    def dataset(self) -> datasets.Dataset:
         """Every trainable example as the recipe's pipeline makes it, written chunk by chunk to an
         Arrow file in this run's scratch folder and opened memory-mapped (a ``datasets.Dataset`` of
         ``input_ids``, ``attention_mask``, ``labels`` and ``where``): rows never all in memory."""
@@ -322,7 +338,7 @@ class RecipeState:
         return datasets.Dataset.from_file(str(path))
 
     @fact
-    def stop_ids(self) -> frozenset:
+    def stop_ids(self) -> frozenset[int]:
         """The end-of-turn token ids the labels must train: EOS and the recipe's stop tokens."""
         from ..data.encoding import stop_token_ids
         from ..engine.loading import generation_eos_ids
@@ -333,7 +349,7 @@ class RecipeState:
             raise Fail(str(exc)) from None
 
     @fact
-    def encoder(self):
+    def encoder(self) -> Encoder:
         """The one encoder for this recipe's tokenizer and [data] table."""
         from ..data.encoding import Encoder
 
@@ -344,7 +360,7 @@ class RecipeState:
 
     # ---- the trainer: whose preprocessing and whose step the checks run ----------------------
     @fact
-    def trainer(self):
+    def trainer(self) -> Trainer:
         """The recipe's trainer (trainers.base.Trainer): the team's own Trainer where a conftest
         implements ``pytest_ftready_trainer``; else the one [data] pipeline names, the config's
         own trainer where it is installed, else the built-in engine."""
@@ -353,7 +369,7 @@ class RecipeState:
         return select_trainer(self.recipe, self.run.trainer_hook() if self.run.trainer_hook is not None else None)
 
     @fact
-    def pipeline(self):
+    def pipeline(self) -> Pipeline:
         """What makes the training examples: the team's (``pytest_ftready_pipeline`` hook), else
         the recipe's trainer's."""
         from ..trainers.base import as_pipeline
@@ -364,14 +380,14 @@ class RecipeState:
             return self.trainer.pipeline(self.pipeline_inputs())
         return as_pipeline(provided, self.recipe, self.tokenizer, self.stop_ids)
 
-    def pipeline_inputs(self):
+    def pipeline_inputs(self) -> PipelineInputs:
         """What the recipe's trainer builds its pipeline from (trainers.base.PipelineInputs)."""
         from ..trainers.base import PipelineInputs
 
         return PipelineInputs(self.recipe, self.tokenizer, self.stop_ids, self.device, lambda: self.scratch,
                               lambda: self.encoder)
 
-    def run_inputs(self):
+    def run_inputs(self) -> RunInputs:
         """What the recipe's trainer's runs are handed (trainers.base.RunInputs): made when a run
         starts, with the examples, the shared base model and this check's timer."""
         from ..trainers.base import RunInputs
@@ -380,7 +396,7 @@ class RecipeState:
                          examples=tuple(self.training_examples()), pad_id=self.tokenizer.pad_token_id,
                          base=self.shared_base, progress=self.progress, timer=self.timer)
 
-    def _engine(self):
+    def _engine(self) -> Optional[Trainer]:
         """The built-in engine as a trainer; None when it is the recipe's own trainer."""
         from ..trainers import ENGINE, trainer_named
 
@@ -395,7 +411,7 @@ class RecipeState:
                 "step_trainer": trainer.step_trainer}
 
     @fact
-    def digest(self):
+    def digest(self) -> DataDigest:
         """Every usable row as the recipe's pipeline makes it, kept as a data.digest.DataDigest:
         counts, length arrays, the first places of each problem, bounded samples."""
         try:
@@ -423,12 +439,12 @@ class RecipeState:
 
     # ---- what the engine measures ------------------------------------------------------------
     @fact
-    def step(self):
+    def step(self) -> StepMeasurement:
         """The worst-case training step as the recipe's trainer runs it (engine.step.StepMeasurement)."""
         return self.trainer.step(self.run_inputs())
 
     @fact
-    def engine_step(self):
+    def engine_step(self) -> StepMeasurement:
         """The built-in engine's worst-case step, the one every trainer's is shown beside."""
         engine = self._engine()
         return self.step if engine is None else engine.step(self.run_inputs())
@@ -445,7 +461,7 @@ class RecipeState:
         return held_out + run_pass(data.eval, self.data_plan(), progress=self.progress).rows
 
     @fact
-    def eval_step(self):
+    def eval_step(self) -> EvalMeasurement:
         """The worst-case evaluation forward, measured by the built-in engine (engine.step.EvalMeasurement)."""
         from ..engine.step import measure_eval_step
 
@@ -455,29 +471,29 @@ class RecipeState:
                                  capacity_bytes=device.memory_total_bytes, count_tensors=not device.is_accelerator)
 
     @fact
-    def overfit(self):
+    def overfit(self) -> OverfitResult:
         """The trainer's overfit of the first ``overfit_examples`` examples (engine.overfit.OverfitResult)."""
         return self.trainer.overfit(self.run_inputs())
 
     @fact
-    def engine_overfit(self):
+    def engine_overfit(self) -> OverfitResult:
         """The built-in engine's overfit of the same examples."""
         engine = self._engine()
         return self.overfit if engine is None else engine.overfit(self.run_inputs())
 
     @fact
-    def saved_run(self):
+    def saved_run(self) -> SavedRun:
         """The trainer's straight run and its checkpoint at half the steps (trainers.base.SavedRun)."""
         return self.trainer.saved_run(self.rehearsal_inputs())
 
     @fact
-    def resume_run(self):
+    def resume_run(self) -> ResumeRun:
         """The trainer's resume of ``saved_run`` in a fresh process (trainers.base.ResumeRun)."""
         from ..trainers.worker import resume
 
         return resume(self.trainer, self.rehearsal_inputs(), self.saved_run)
 
-    def rehearsal_inputs(self):
+    def rehearsal_inputs(self) -> RunInputs:
         """``run_inputs`` with the resume rehearsal's recipe (trainers.base.rehearsal_recipe: its
         accumulation bounded; the fresh process bounds it the same way)."""
         from dataclasses import replace
@@ -487,7 +503,7 @@ class RecipeState:
         return replace(self.run_inputs(), recipe=rehearsal_recipe(self.recipe))
 
     @fact
-    def interrupted_saves(self):
+    def interrupted_saves(self) -> list[InterruptedResume]:
         """The save after ``saved_run``'s checkpoint killed before each file, and what the trainer's
         resume did each time (trainers.worker.InterruptedResume)."""
         from ..trainers.worker import interrupted_saves
@@ -495,7 +511,7 @@ class RecipeState:
         return interrupted_saves(self.trainer, self.run_inputs(), self.saved_run)
 
     @fact
-    def sustained(self):
+    def sustained(self) -> SustainedRun:
         """The recipe's step trained for the sustained window with telemetry (engine.sustained_run)."""
         from ..engine.sustained_run import run_sustained
         from ..machine.telemetry import sources_for
@@ -510,7 +526,7 @@ class RecipeState:
                              self.shared_base, warmup_s, total_s, window_s, sources, missing, progress=self.progress)
 
     @fact
-    def memory_forecast(self):
+    def memory_forecast(self) -> Report:
         """The worst-case step's peak memory forecast from the model config alone, judged against
         the recipe's target (forecast.levers.Report)."""
         from ..forecast.levers import forecast_report
@@ -534,7 +550,7 @@ class RecipeState:
             raise Skip(str(exc)) from None
 
     @fact
-    def levers(self):
+    def levers(self) -> list[Lever]:
         """The levers this recipe can pull, each with its saving (forecast.levers, the one lever
         model): traced by the forecast where it runs, estimated from the measured step's
         breakdown where it cannot (no config here, a step that cannot be traced)."""
@@ -549,7 +565,7 @@ class RecipeState:
                                     self.length_p95)
 
     @fact
-    def distributed_jobs(self):
+    def distributed_jobs(self) -> DistributedJobs:
         """The recipe's torchrun jobs (engine.distributed.jobs.DistributedJobs), planned once; the
         distributed checks share its launches."""
         from ..engine.distributed.jobs import DistributedJobs, plan, visible_gpus
@@ -568,7 +584,7 @@ class RecipeState:
 
     # ---- what the hub and the files say --------------------------------------------------------
     @fact
-    def model_files(self):
+    def model_files(self) -> ModelFiles:
         """The model's files with their sizes (hub metadata, cache, or the local folder)."""
         from ..machine.hub import HubUnavailable, folder_files
         from ..outcomes import Skip
@@ -582,7 +598,7 @@ class RecipeState:
             raise Skip(f"{exc}; set HF_HUB_OFFLINE=0 with network, or download the model first") from None
 
     @fact
-    def scan(self):
+    def scan(self) -> ScanResult:
         """One scan of the training data and [privacy] scan_paths for every category (privacy.audit.ScanResult)."""
         from ..privacy.audit import scan_paths
         from ..data.passes import PassFailed
