@@ -182,13 +182,13 @@ class Encoder:
 
     def _encode_plain(self, row: Row, sample: Plain, cut: bool) -> Encoded:
         text = sample.prompt + sample.completion
-        spans = [(0 if self.train_on == "all" else len(sample.prompt), None)]
+        start = 0 if self.train_on == "all" else len(sample.prompt)  # trained from here to the end
         method = "prompt-completion" if sample.prompt else "all-tokens"
         if cut:
             text = text[: self.char_budget]
         elif self.tok.eos_token and not self._eos_auto and not text.endswith(self.tok.eos_token):
             text += self.tok.eos_token  # the model must learn to stop
-        spans = [(a, len(text) if b is None else b) for a, b in spans]
+        spans = [(start, len(text))]
         enc = self.tok(text, add_special_tokens=True, return_offsets_mapping=True)
         ids = list(enc["input_ids"])
         if cut and len(ids) <= self.max_length:  # the budget was not enough (a normalizer dropped text)
@@ -354,7 +354,8 @@ class Encoder:
             out = self.tok.apply_chat_template(list(chat.messages), tools=list(chat.tools) if chat.tools else None,
                                                tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
             if list(out["input_ids"]) != list(base["input_ids"]):
-                problems.append(("render_error", "the template's tokenization differs from tokenizing its rendered text"))
+                problems.append(("render_error", "the template's tokenization differs from tokenizing its "
+                                 "rendered text"))
                 return []
             blocks = runs(out["assistant_masks"])
         if not blocks:
@@ -394,7 +395,8 @@ class Encoder:
         size = f" (the row is at least {full_length:,} tokens; only its start was tokenized)" if cut else ""
         if trained_full and kept == 0:
             problems.append(("truncated_all", f"max_length {self.max_length} cuts the whole response "
-                             f"({least}{full_length:,} tokens, response starts at token {spans[0][0]}): raise [data] max_length "
+                             f"({least}{full_length:,} tokens, response starts at token {spans[0][0]}): raise "
+                             f"[data] max_length "
                              "past it, or shorten what comes before the response"))
         elif kept < trained_full:
             problems.append(("truncated_part", f"max_length {self.max_length} cuts {least}{trained_full - kept:,} of "
@@ -458,7 +460,7 @@ def _trained_flags(offsets, spans) -> list[bool]:
     cover = _cover(spans)
     ends = [hi for _, hi in cover]
     inf = float("inf")
-    flags = []
+    flags: list[bool] = []
     append = flags.append
     j, prev = 0, -1
     lo, hi = cover[0] if cover else (inf, inf)
@@ -587,7 +589,8 @@ def _trim_after_stop(ids: list[int], trained: list[bool], stop_ids: frozenset[in
 def mask_runs(tokenizer, encoded: Encoded, limit: Optional[int] = None) -> list[tuple[str, bool]]:
     """The decoded text of each run of consecutive trained / masked tokens: (text, trained)."""
     runs: list[tuple[str, bool]] = []
-    current, buf = None, []
+    current = False
+    buf: list[int] = []
     for token_id, label in zip(encoded.input_ids[:limit], encoded.labels[:limit]):
         flag = label != IGNORE_INDEX
         if flag != current and buf:

@@ -49,9 +49,10 @@ class FastPaths:
         tok = encoder.tok
         specials = [str(v) for v in tok.special_tokens_map.values()]
         tested = [needles(t, specials) for t in named_templates]  # a row with tools may pick another template
+        found = [needle for needle in tested if needle is not None]
         self.splicer: Optional[Splicer] = (
-            Splicer(encoder.char_budget, frozenset().union(*tested))
-            if encoder.may_hold_chat and encoder.renderer.fast and all(found is not None for found in tested) else None)
+            Splicer(encoder.char_budget, frozenset().union(*found))
+            if encoder.may_hold_chat and encoder.renderer.fast and len(found) == len(tested) else None)
         # offsets are looked at for masks and verification only (not under train_on = "all"), of the
         # text as tokenized (no special tokens added)
         backend = self.backend() if self.splicer is not None else None
@@ -85,7 +86,7 @@ class FastPaths:
         assert splicer is not None
         render_marked = encoder.render_marked if encoder.markers else None
         batch = []
-        for k, (row, sample) in enumerate(pairs):
+        for k, (_, sample) in enumerate(pairs):
             # a row whose contents alone are past the budget, or of more messages than max_length, is
             # never spliced (its text would be past it): the row-by-row path cuts it before its per-turn renders
             if (isinstance(sample, Chat) and len(sample.messages) <= encoder.max_length

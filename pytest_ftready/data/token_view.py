@@ -32,7 +32,8 @@ def token_view(tokenizer, encoded: Encoded, head: int = HEAD_TOKENS, tail: int =
         shown = shown[:head] + shown[-tail:]
     given = {k for start, end in encoded.prompted for k in range(start, end)}
     values = {**known, **row_values(encoded.row.data)}
-    pieces = redact_pieces([(tokenizer.decode([token_id]), label != IGNORE_INDEX) for token_id, label in zip(ids, labels)],
+    pieces = redact_pieces([(tokenizer.decode([token_id]), label != IGNORE_INDEX)
+                            for token_id, label in zip(ids, labels)],
                            values, edges=True)
     return {
         "where": encoded.row.where,

@@ -373,8 +373,8 @@ class ScanResult:
     not_scanned: tuple = ()  # "path: why" for each root or entry that could not be scanned
 
 
-def scan_paths(roots: Iterable[Path], categories: frozenset[str], allowlist: Optional[str],
-               learn: Optional[Callable[[str], None]] = None,
+def scan_paths(roots: Iterable[Path], categories: frozenset[str], allowlist: Path | str | None,
+               learn: Optional[Learn] = None,
                progress: Optional[Callable[[str], None]] = None, workers: Optional[int] = None) -> ScanResult:
     """Scan every file under ``roots`` once for every category; the allowlist read alongside.
     ``learn`` receives each finding's value (the output gate), which no result carries. What

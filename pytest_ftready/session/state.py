@@ -54,8 +54,10 @@ class RunState:
     telemetry_factory: Optional[Callable[..., Any]] = None  # (device, machine) -> (sources, missing); tests: fake NVML
     progress: Optional[Callable[[str], None]] = None  # a line for the terminal while long work runs
     pipeline_hook: Optional[Callable[..., Any]] = None  # (recipe, tokenizer) -> the team's pipeline or None
-    trainer_hook: Optional[Callable[[], Any]] = None  # () -> trainers.conftest.OwnTrainerHook, or None where none is implemented
-    data_workers: Optional[int] = None  # processes for the data pass and the privacy scan (--ftready-workers); None: by CPUs and data size
+    # () -> trainers.conftest.OwnTrainerHook, or None where none is implemented
+    trainer_hook: Optional[Callable[[], Any]] = None
+    # processes for the data pass and the privacy scan (--ftready-workers); None: by CPUs and data size
+    data_workers: Optional[int] = None
     regression: Optional[Any] = None  # outputs.regression.RegressionGate when a baseline is given
     loaded: dict[Path, Any] = field(default_factory=dict)  # recipe file -> its Recipe, or the RecipeError reading it
     recipes: dict[Path, "RecipeState"] = field(default_factory=dict)
@@ -238,7 +240,8 @@ class RecipeState:
             source = self.recipe.model.path or f"{self.recipe.model.id}@{self.recipe.model.revision}"
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             if out_of_memory(exc):
-                raise Fail(f"out of memory loading the {what} from {source} on {self.device.name}: {out_of_memory(exc)} "
+                raise Fail(f"out of memory loading the {what} from {source} on {self.device.name}: "
+                           f"{out_of_memory(exc)} "
                            "(a smaller dtype or [model] quantization = \"4bit\" lowers what loading needs)") from None
             raise Fail(f"cannot load the {what} from {source}: {type(exc).__name__}: {first}") from None
 
@@ -256,7 +259,8 @@ class RecipeState:
         from ..engine.loading import load_model
 
         device = self.torch_device
-        return self.run.base_model(self.recipe, device, lambda: self._load("model", lambda: load_model(self.recipe, device)))
+        return self.run.base_model(self.recipe, device, lambda: self._load("model",
+                                                                           lambda: load_model(self.recipe, device)))
 
     def shared_base(self) -> PreTrainedModel:
         return self.model
@@ -273,7 +277,8 @@ class RecipeState:
         per_step = t.micro_batch_size * ranks
         return Plan(format=data.format, train_on=data.train_on, roles=tuple(sorted((data.roles or {}).items())),
                     sample=data.sample, keep_rows=256,
-                    keep_first=max(256, c.overfit_examples, per_step * t.gradient_accumulation_steps * (c.resume_steps + 2)),
+                    keep_first=max(256, c.overfit_examples, per_step * t.gradient_accumulation_steps
+                                   * (c.resume_steps + 2)),
                     keep_longest=max(8, per_step))
 
     def encoding_plan(self) -> Plan:
@@ -300,7 +305,7 @@ class RecipeState:
             pipeline = self.pipeline
             if pipeline.encoder is not None:
                 options["encoder"] = pipeline.encoder
-            else:  # the team's function or a trainer's: in this process, in large chunks (TRL starts a trainer per chunk)
+            else:  # the team's function or a trainer's: here, in large chunks (TRL starts a trainer per chunk)
                 options.update(self._encoding())
         travels = not encoding or "encoder" in options
         workers = workers_for(self.run.data_workers, files, encoding) if travels else 1
@@ -392,7 +397,8 @@ class RecipeState:
         starts, with the examples, the shared base model and this check's timer."""
         from ..trainers.base import RunInputs
 
-        return RunInputs(self.recipe, self.tokenizer, self.stop_ids, self.device, lambda: self.scratch, lambda: self.encoder,
+        return RunInputs(self.recipe, self.tokenizer, self.stop_ids, self.device, lambda: self.scratch,
+                         lambda: self.encoder,
                          examples=tuple(self.training_examples()), pad_id=self.tokenizer.pad_token_id,
                          base=self.shared_base, progress=self.progress, timer=self.timer)
 
@@ -577,7 +583,8 @@ class RecipeState:
         except ValueError as exc:
             raise Fail(str(exc)) from None
         if resolved.total_ranks <= 1:
-            raise Skip(f"[distributed] world_size resolves to 1 here ({'1 GPU' if device.is_accelerator else 'no GPU visible'}); "
+            raise Skip(f"[distributed] world_size resolves to 1 here "
+                       f"({'1 GPU' if device.is_accelerator else 'no GPU visible'}); "
                        "write world_size = 2 with backend = \"gloo\" to rehearse the job on the CPU")
         return DistributedJobs(self.recipe, resolved, self.artifacts / "distributed", self.training_examples(),
                                self.tokenizer.pad_token_id, self.recipe.checks.resume_steps, progress=self.progress)
@@ -591,7 +598,7 @@ class RecipeState:
 
         recipe = self.recipe
         if recipe.model.path:
-            return folder_files(recipe.model.path)
+            return folder_files(Path(recipe.model.path))
         try:
             return self.run.hub.model_files(recipe.model.id, recipe.model.revision, self.run.hub_timeout_s)
         except HubUnavailable as exc:
@@ -616,7 +623,8 @@ class RecipeState:
         return computed(self, name)
 
     # ---- results ------------------------------------------------------------------------------
-    def record(self, check: str, name: str, value: Any, unit: str, estimate: bool = False, case: str = "") -> Measurement:
+    def record(self, check: str, name: str, value: Any, unit: str, estimate: bool = False,
+               case: str = "") -> Measurement:
         m = Measurement(recipe=self.label, check=check, name=name, value=value, unit=unit, estimate=estimate,
                         case=case)
         self.run.measurements.append(m)
