@@ -1,4 +1,5 @@
-"""The one encoder: a row -> ``input_ids`` and ``labels`` exactly as training will see them.
+"""The built-in encoder: a row -> ``input_ids`` and ``labels`` exactly as training will see them,
+row by row (``Encoder.encode``); ``encode_many`` gives the same faster (``fast_encoding``).
 
 The data checks inspect what it produces and the model checks train on it, so what is
 checked is what is trained. Trained spans are found three ways:

@@ -297,7 +297,7 @@ class RecipeState:
 
     def _data_pass(self, encoding: bool) -> DataDigest:
         """One streaming pass over the training files (data.passes.run_pass), in worker processes
-        when the data is large and the pipeline's encoder can travel to them."""
+        when the data is large and the pipeline's encoder can be sent to them (pickled)."""
         from ..data.passes import PassFailed, run_pass, workers_for
 
         files, options = self.recipe.data.train, {}
@@ -307,8 +307,9 @@ class RecipeState:
                 options["encoder"] = pipeline.encoder
             else:  # the team's function or a trainer's: here, in large chunks (TRL starts a trainer per chunk)
                 options.update(self._encoding())
-        travels = not encoding or "encoder" in options
-        workers = workers_for(self.run.data_workers, files, encoding) if travels else 1
+        # a team's or a trainer's encode function stays in this process (it may not pickle)
+        in_workers = not encoding or "encoder" in options
+        workers = workers_for(self.run.data_workers, files, encoding) if in_workers else 1
         try:
             plan = self.encoding_plan() if encoding else self.data_plan()
             return run_pass(files, plan, workers=workers, progress=self.progress, **options)
@@ -355,7 +356,7 @@ class RecipeState:
 
     @fact
     def encoder(self) -> Encoder:
-        """The one encoder for this recipe's tokenizer and [data] table."""
+        """The built-in encoder for this recipe's tokenizer and [data] table (data.encoding.Encoder)."""
         from ..data.encoding import Encoder
 
         try:
@@ -557,8 +558,8 @@ class RecipeState:
 
     @fact
     def levers(self) -> list[Lever]:
-        """The levers this recipe can pull, each with its saving (forecast.levers, the one lever
-        model): traced by the forecast where it runs, estimated from the measured step's
+        """The levers this recipe can pull, each with its saving (forecast.levers, the lever
+        model the forecast shares): traced by the forecast where it runs, estimated from the measured step's
         breakdown where it cannot (no config here, a step that cannot be traced)."""
         from ..forecast.levers import ModelShape, estimated_levers, with_levers
         from ..outcomes import Skip
