@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signal
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
 
@@ -143,7 +143,7 @@ class CheckItem(pytest.Function):
             bench = lambda: request.getfixturevalue("benchmark")  # noqa: E731 - lazily, only when timing
         ctx = CheckContext(state, self.spec, self.user_properties, bench,
                            request.getfixturevalue("record_testsuite_property"), param=self.param, case=self.case)
-        verdict = None
+        verdict: Optional[tuple[Any, str]] = None
         try:
             with ctx.running():
                 self.spec.body(ctx)
@@ -179,7 +179,7 @@ def check_accelerator_marker(definition) -> None:
             raise ValueError(f"@pytest.mark.accelerator: {exc}") from None
 
 
-def user_test_params(metafunc, run) -> list[tuple[str, object]] | None:
+def user_test_params(metafunc, run) -> list[tuple[str, Any]] | None:
     """(id, param) pairs for a user test that uses the ftready fixtures: one per recipe it runs
     for (``ftready_recipes``) and per variant (``ftready_variants``); None when there is one
     recipe and no variant (nothing to parametrize)."""

@@ -87,7 +87,7 @@ OS_ERROR_ADVICE = {
 def os_error_advice(exc: OSError, option: str = "--ftready-artifacts") -> str:
     """What to do about an OSError met while writing: advice that fits its errno; ``option`` is
     what the user points elsewhere (an option like ``-o``, or a recipe key)."""
-    advice = OS_ERROR_ADVICE.get(exc.errno, "check that folder, or point --ftready-artifacts at a writable folder")
+    advice = OS_ERROR_ADVICE.get(exc.errno or 0, "check that folder, or point --ftready-artifacts at a writable folder")
     return advice.replace("--ftready-artifacts", option)
 
 
@@ -187,7 +187,7 @@ def remove_dead_scratch(parent: Path) -> list[Path]:
     """Remove the scratch folders in ``parent`` made on this machine whose run's process no
     longer exists (only those: a live run's folder, another machine's, or one whose name says
     no process, is left alone)."""
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(Path(parent).iterdir())
     except OSError:

@@ -5,8 +5,12 @@ own, so the plugin can name them at import time without importing what sits behi
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from .session.state import RunState  # noqa: F401 (named in the StashKey's string annotation)
 
 RUN_STATE_KEY = pytest.StashKey["RunState"]()  # session.state.RunState: the one run-state object
 MISSING_RECIPES_KEY = pytest.StashKey[list[Path]]()  # recipes named on the command line that are not files

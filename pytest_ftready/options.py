@@ -131,4 +131,5 @@ def nightly_requested(config) -> bool:
     """Whether this run asked for the nightly checks: --ftready-nightly, or a -m expression that
     names nightly other than to exclude it ("nightly", "accelerator or nightly"; not "not nightly")."""
     markexpr = config.getoption("markexpr") or ""
-    return bool(config.getoption("ftready_nightly")) or bool(re.search(r"\bnightly\b", re.sub(r"\bnot\s+nightly\b", "", markexpr)))
+    return bool(config.getoption("ftready_nightly")) or bool(re.search(r"\bnightly\b",
+                                                                       re.sub(r"\bnot\s+nightly\b", "", markexpr)))

@@ -154,7 +154,8 @@ def pytest_collection(session) -> None:
                                 "folder; pass the recipe file in it" + (f", one of {', '.join(inside)}" if inside else
                                 ", e.g. recipe.toml"))
     if missing:
-        raise pytest.UsageError(f"ftready: recipe {missing[0]} not found (from {options.recipe_paths(session.config).source}); "
+        raise pytest.UsageError(f"ftready: recipe {missing[0]} not found (from "
+                                f"{options.recipe_paths(session.config).source}); "
                                 "pass --ftready=PATH to an existing recipe.toml")
 
 
@@ -170,7 +171,8 @@ def pytest_collect_file(file_path: Path, parent):
 def pytest_collection_modifyitems(config, items) -> None:
     if options.nightly_requested(config):
         return
-    keep, drop = [], []
+    keep: list = []
+    drop: list = []
     for item in items:
         (drop if item.get_closest_marker("nightly") and hasattr(item, "spec") else keep).append(item)
     if drop:

@@ -33,7 +33,8 @@ def toml_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{json.dumps(str(k))} = {toml_value(v)}" for k, v in value.items()) + " }" if value else "{}"
+        return ("{ " + ", ".join(f"{json.dumps(str(k))} = {toml_value(v)}" for k, v in value.items()) + " }"
+                if value else "{}")
     raise TypeError(f"no TOML literal for {type(value).__name__}")
 
 
@@ -64,13 +65,14 @@ def model_facts(folder: Path) -> dict[str, tuple[Any, str]]:
             facts["dtype"] = (dtype, "config.json dtype")
         positions = config.get("max_position_embeddings")
         if isinstance(positions, int) and positions > 0:
-            facts["max_length"] = (min(2048, positions), f"config.json max_position_embeddings {positions}, at most 2048"
+            facts["max_length"] = (min(2048, positions), f"config.json max_position_embeddings {positions}, "
+                                   f"at most 2048"
                                                          ": write the length your trainer cuts at")
         if config.get("license"):
             facts["license"] = (str(config["license"]).lower(), "config.json license")
     readme = folder / "README.md"
     if readme.is_file() and "license" not in facts:
-        from .data.audit import card_license
+        from .privacy.audit import card_license
 
         found = card_license(readme.read_text(encoding="utf-8", errors="replace"))
         if found:
@@ -119,7 +121,8 @@ def parse_setting(text: str) -> tuple[tuple[str, str], Any]:
         try:
             validate_value(table, key, value, "recipe.toml")
         except RecipeError as exc:
-            raise ValueError(f"--set {text!r}: {exc.message}; the plugin would refuse the recipe the same way") from None
+            raise ValueError(f"--set {text!r}: {exc.message}; the plugin would refuse the recipe "
+                             f"the same way") from None
     return (table, key), value
 
 
@@ -140,7 +143,8 @@ def starter_recipe(recipe_path: Path, model: str, data: Sequence[Path], revision
         if revision:
             values["model", "revision"] = (revision, "--revision")
         else:
-            marked["model", "revision"] = "the 40-hex commit of the model on the hub (its 'Files' tab, or huggingface_hub.model_info(id).sha)"
+            marked["model", "revision"] = ("the 40-hex commit of the model on the hub (its 'Files' tab, or "
+                                           "huggingface_hub.model_info(id).sha)")
     for key, table in (("dtype", "model"), ("license", "model"), ("max_length", "data")):
         if key in facts:
             values[table, key] = facts[key]
@@ -248,9 +252,11 @@ def side_file(config: Path, license: str = "", rights: str = "", revision: str =
 
     lines = [f"# What {config.name} cannot say, read by pytest --ftready={config.name} (written by ftready-init).",
              "# The tables and keys of recipe.toml; these win over the translation key by key.", "", "[model]",
-             f"license = {toml_value(chosen)}" + ("" if chosen else f"   # {FILL_IN}: the model's license, after reading its terms"),
+             f"license = {toml_value(chosen)}" + ("" if chosen else f"   # {FILL_IN}: the model's license, after "
+                                                  f"reading its terms"),
              *([f"revision = {toml_value(revision)}"] if revision else []), *asked("model"),
-             "", "[data]", f"rights = {toml_value(rights)}" + ("" if rights else f"   # {FILL_IN}: why you may train on this data"),
+             "", "[data]", f"rights = {toml_value(rights)}" + ("" if rights
+                                                               else f"   # {FILL_IN}: why you may train on this data"),
              *asked("data"),
              "", "[privacy]", f"licenses = {toml_value([chosen] if chosen else [])}"
              + ("" if chosen else f"   # {FILL_IN}: the model licenses you accept"), "", "[checks]"]
@@ -265,7 +271,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--data", action="append", default=[], metavar="FILE", help="a training file (repeatable)")
     parser.add_argument("--from", dest="config", metavar="CONFIG",
                         help="a TRL / Axolotl / LLaMA-Factory config: write <stem>.ftready.toml beside it")
-    parser.add_argument("--revision", default="", help="the hub commit (with a hub id; with --from, written to the side file)")
+    parser.add_argument("--revision", default="", help="the hub commit (with a hub id; with --from, written to "
+                        "the side file)")
     parser.add_argument("--license", default="", help="the model's license, once you have read its terms")
     parser.add_argument("--rights", default="", help="why you may train on this data")
     parser.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE",

@@ -76,7 +76,8 @@ def layout_rows(layout: str, n: int = 8, seed: int = 1) -> list[dict]:
         next(m for m in two_turn["messages"] if m["role"] == "assistant")["weight"] = 0  # train the second only
         return rows + [{"messages": [
             {"role": "user", "content": "What is the weather in Oslo?"},
-            {"role": "assistant", "content": "Asking the weather tool.", "tool_calls": [{"type": "function", "function": {
+            {"role": "assistant", "content": "Asking the weather tool.",
+             "tool_calls": [{"type": "function", "function": {
                 "name": "weather", "arguments": {"city": "Oslo"}}}]},
             {"role": "tool", "content": "rain"}, {"role": "assistant", "content": "It rains in Oslo."}],
             "tools": [WEATHER_TOOL]}]

@@ -30,7 +30,7 @@ def _b64(obj) -> str:
 
 
 def _aadhaar() -> str:
-    from pytest_ftready.data.scan import _verhoeff_ok
+    from pytest_ftready.privacy.scan import _verhoeff_ok
 
     while True:
         digits = str(_rng.randint(2, 9)) + "".join(str(_rng.randint(0, 9)) for _ in range(11))

@@ -44,7 +44,8 @@ def files(ctx) -> None:
     if recipe.model.gguf_file and recipe.model.gguf_file not in sizes:
         raise Fail(f"gguf_file {recipe.model.gguf_file!r} is not among the model's files {sorted(sizes)[:10]}")
     if not any(f.endswith((".safetensors", ".bin", ".gguf")) for f in needed):
-        raise Fail(f"no loadable weights among {sorted(sizes)[:10]}: the model needs *.safetensors (or pytorch_model*.bin)")
+        raise Fail(f"no loadable weights among {sorted(sizes)[:10]}: the model needs *.safetensors (or "
+                   f"pytorch_model*.bin)")
     if "config.json" not in needed and not recipe.model.gguf_file:
         raise Fail("config.json is missing from the model's files")
     if recipe.model.path:
@@ -108,7 +109,8 @@ def _used_special_tokens(ctx) -> dict[int, tuple[str, set]]:
 
 @check("checkpoint.token_rows", stage=STAGES["checkpoint"] + 3, requires=("checkpoint.files",))
 def token_rows(ctx) -> None:
-    """The embedding (and untied LM-head) rows of the chat tokens the template, the stop and the data use are trained."""
+    """The embedding (and untied LM-head) rows of the chat tokens the template, the stop and the data
+    use are trained."""
     from ..engine.loading import model_config
     from ..engine.token_rows import HEAD_NAMES, HIGH, LOW, NoWeights, judge
 
@@ -138,7 +140,8 @@ def token_rows(ctx) -> None:
     files = ", ".join(sorted({f"{file} ({name}, median row norm {median:.3g})"
                               for name, (file, _, median) in rows.matrices.items()}))
     named = "; ".join(f"{bad.token!r} (id {bad.token_id}, {bad.matrix}: norm {bad.norm:.3g}, {bad.why}; "
-                      f"{', '.join(text for w, text in USED_BY.items() if w in used[bad.token_id][1])})" for bad in rows.bad)
+                      f"{', '.join(text for w, text in USED_BY.items() if w in used[bad.token_id][1])})"
+                      for bad in rows.bad)
     tokens = sorted({bad.token_id for bad in rows.bad})
     raise Fail(f"{len(tokens)} of {rows.checked} chat token(s) have untrained rows in {files}, judged against the "
                f"vocabulary (a row below {LOW:g} or above {HIGH:g} x the median norm): {named}. Untrained chat tokens "

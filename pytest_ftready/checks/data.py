@@ -10,7 +10,7 @@ from ..data.encoding import CHAT_METHODS, render_example
 from ..data.layouts import CHAT_LAYOUTS
 from ..data.lengths import padding_waste
 from ..data.digest import LISTED, sorted_sample
-from ..data.redaction import row_values
+from ..privacy.redaction import row_values
 from ..data.specials import KIND as SPECIALS
 from ..data.token_view import token_view
 from ..outputs.report import masking_page
@@ -62,7 +62,8 @@ def left_out(ctx, digest) -> str:
     lines = [f"\n{unusable} of {digest.total} rows left out as unusable (see data.format)"] if unusable else []
     if unrendered:
         ctx.measure("rows_unrendered", unrendered, "rows")
-        lines.append(f"\n{unrendered} of {digest.total} rows left out: the chat template fails on them (see data.template)")
+        lines.append(f"\n{unrendered} of {digest.total} rows left out: the chat template fails on them (see "
+                     f"data.template)")
     return "".join(lines)
 
 
@@ -117,7 +118,8 @@ def data_template(ctx) -> None:
             "bos_doubled": "tokenize the rendered chat with add_special_tokens=False (or drop BOS from the template)",
             "generation_prompt_ignored": f"the chat template ({_template_source(recipe)}) must write the assistant "
                                          "header when add_generation_prompt is true: add its "
-                                         "{% if add_generation_prompt %} branch, or set [data] chat_template to one that has it",
+                                         "{% if add_generation_prompt %} branch, or set [data] chat_template to "
+                                         "one that has it",
             "history_rewritten": "the template rewrites earlier assistant turns (as reasoning templates strip their "
                                  "<think> blocks): use train_on = \"last_assistant\", or split conversations into one "
                                  "row per assistant turn",
@@ -248,7 +250,8 @@ def _model_max_positions(state) -> tuple[Optional[int], str]:
     try:
         config = model_config(state.recipe)
     except Exception as exc:  # no config reachable (offline hub model): say so, never pass on it
-        return None, f"its config could not be read ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return None, f"its config could not be read ({type(exc).__name__}: {first})"
     config = config.get("text_config", config)
     found = next((config[key] for key in POSITION_KEYS if isinstance(config.get(key), int)), None)
     return found, "" if found else f"its config has none of {', '.join(POSITION_KEYS)}"
@@ -297,9 +300,11 @@ def preprocessing_within_timeout(ctx, encode_rate: float) -> None:
     timeout = recipe.training.ddp_timeout_s
     ctx.measure("preprocessing_share_of_ddp_timeout", seconds / timeout, "share", estimate=True)
     if seconds > timeout:
-        raise Fail(f"rank 0 tokenizes the {digest.encoded:,} rows ({tokens:,} tokens) in about {seconds:,.0f} s at this "
+        raise Fail(f"rank 0 tokenizes the {digest.encoded:,} rows ({tokens:,} tokens) in about "
+                   f"{seconds:,.0f} s at this "
                    f"machine's {encode_rate:,.0f} tokens/s ({workers} worker{'s' * (workers > 1)}), past the "
-                   f"{timeout:,.0f} s the other ranks wait ([training] ddp_timeout_s, the trainer's ddp_timeout): their "
+                   f"{timeout:,.0f} s the other ranks wait ([training] ddp_timeout_s, the trainer's "
+                   f"ddp_timeout): their "
                    "watchdog ends the job before training starts. Tokenize ahead in one process and train from the "
                    "saved dataset (datasets' save_to_disk; LLaMA-Factory's tokenized_path), run the preprocessing with "
                    "more workers, or raise ddp_timeout above the preprocessing time")

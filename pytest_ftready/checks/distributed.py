@@ -23,7 +23,7 @@ def needs_gpu(recipe) -> bool:
 def finished(job: JobResult, phase: str, what: str) -> dict[int, dict]:
     """Every rank's figures of ``phase``; the job's failure when a rank did not finish it."""
     if job.stopped_in(phase):
-        raise Fail(f"{what}: {job.failure.text()}")
+        raise Fail(f"{what}: {job.failure.text() if job.failure else ''}")  # stopped_in: a failure
     return job.per_rank(phase)
 
 
@@ -84,7 +84,7 @@ def collectives(ctx) -> None:
     ctx.measure("link_bandwidth", expected.bytes_per_s, "bytes/s", estimate=True)
     share = ctx.recipe.distributed.min_bandwidth_share
     slow = {op: bw for op, (_, bw) in best.items() if bw < share * expected.bytes_per_s}
-    for op, (size, bw) in best.items():
+    for op, (_, bw) in best.items():
         ctx.measure(f"{op}_share_of_link", bw / expected.bytes_per_s, "share")
     if slow:
         op, bw = min(slow.items(), key=lambda item: item[1])
@@ -139,7 +139,8 @@ def step(ctx) -> None:
 @check("distributed.resume", stage=STAGES["distributed"] + 3, applies=applies, accelerator=needs_gpu,
        requires=("data.masking",))
 def resume(ctx) -> None:
-    """A sharded checkpoint resumes in a fresh torchrun job with the straight run's losses, and loads with another world size."""
+    """A sharded checkpoint resumes in a fresh torchrun job with the straight run's losses, and loads
+    with another world size."""
     jobs = ctx.state.distributed_jobs
     straight_runs = finished(jobs.run(), "train", "the straight run with a sharded checkpoint did not complete")
     half = jobs.steps // 2
@@ -150,13 +151,15 @@ def resume(ctx) -> None:
     for rank, figures in resumed.items():
         straight = straight_runs[rank]["losses"][half:]
         if len(figures["losses"]) != len(straight):
-            raise Fail(f"rank {rank} returned {len(figures['losses'])} loss(es) after the resume for the {len(straight)} "
+            raise Fail(f"rank {rank} returned {len(figures['losses'])} loss(es) after the resume for the "
+                       f"{len(straight)} "
                        f"step(s) the straight run made after step {half}: the resumed job stopped early or ran extra "
                        "steps (the saved step count or data position is wrong)")
         for i, (a, b) in enumerate(zip(straight, figures["losses"])):
             worst = max(worst, abs(a - b))
             if abs(a - b) > tolerance * max(1.0, abs(a)):
-                raise Fail(f"rank {rank}, step {half + i + 1} after the resume: loss {b:.6f}, uninterrupted {a:.6f}: the "
+                raise Fail(f"rank {rank}, step {half + i + 1} after the resume: loss {b:.6f}, uninterrupted "
+                           f"{a:.6f}: the "
                            "sharded checkpoint does not carry the whole training state (optimizer, schedule, data "
                            "order, every rank's RNG)")
     ctx.measure("resume_max_loss_difference", worst, "nats")

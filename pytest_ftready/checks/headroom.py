@@ -60,4 +60,5 @@ def time_(ctx) -> None:
     if eta_h > budget.max_hours:
         raise Fail(f"the run needs ~{eta_h:.1f} h ({tokens:,.0f} tokens at {rate:,.0f} tokens/s from {source} = "
                    f"{train_h:.1f} h, + {budget.eval_share:.0%} evaluation, + {budget.time_headroom:.0%} retries) but "
-                   f"max_hours is {budget.max_hours}: fewer epochs or tokens, a faster lever (levers.sweep), or more time")
+                   f"max_hours is {budget.max_hours}: fewer epochs or tokens, a faster lever (levers.sweep), "
+                   f"or more time")

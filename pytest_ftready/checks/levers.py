@@ -29,7 +29,8 @@ def advice(ctx) -> None:
                    f"{levers_text(levers)}")
 
 
-SHORT_KEYS = {"gradient_checkpointing": "checkpointing", "micro_batch_size": "micro_batch", "attn_implementation": "attn"}
+SHORT_KEYS = {"gradient_checkpointing": "checkpointing", "micro_batch_size": "micro_batch",
+              "attn_implementation": "attn"}
 
 
 def variant_id(key: str, value) -> str:
@@ -45,7 +46,7 @@ def sweep_variants(recipe) -> list[tuple[str, dict]]:
     from ..forecast.levers import candidates, recipe_changes
 
     t, d, m = recipe.training, recipe.data, recipe.model
-    out = [("recipe", {})]
+    out: list[tuple[str, dict]] = [("recipe", {})]
     out.append((variant_id("gradient_checkpointing", not t.gradient_checkpointing),
                 {"training.gradient_checkpointing": not t.gradient_checkpointing}))
     for lever in candidates(recipe):
@@ -54,14 +55,17 @@ def sweep_variants(recipe) -> list[tuple[str, dict]]:
         # no QLoRA preparation, LoRA instead of full) is the forecast's to trace, not the sweep's
         if changes and all(table in ("training", "data") for table, _, _ in changes):
             out.append((variant_id(*changes[0][1:]), {f"{table}.{key}": value for table, key, value in changes}))
-    out.append((variant_id("micro_batch_size", t.micro_batch_size * 2), {"training.micro_batch_size": t.micro_batch_size * 2}))
+    out.append((variant_id("micro_batch_size", t.micro_batch_size * 2),
+                {"training.micro_batch_size": t.micro_batch_size * 2}))
     if d.max_length >= 32:
         out.append((f"max_length={d.max_length // 2}", {"data.max_length": d.max_length // 2}))
     for attn in ("eager", "sdpa", "flash_attention_2"):
         if attn != m.attn_implementation:
             out.append((f"attn={attn}", {"model.attn_implementation": attn}))
-    seen: set = set()
-    return [(name, changes) for name, changes in out if not (name in seen or seen.add(name))]
+    by_name: dict[str, tuple] = {}
+    for name, variant in out:
+        by_name.setdefault(name, (name, variant))  # the first of each name, in order
+    return list(by_name.values())
 
 
 @check("levers.sweep", stage=STAGES["levers"] + 1, accelerator=True, nightly=True,
@@ -98,7 +102,8 @@ def sweep(ctx) -> None:
                             rounds=ctx.recipe.checks.benchmark_rounds)
     if step.out_of_memory:
         ctx.measure("out_of_memory", True, "")
-        setting = "the recipe's own setting" if not ctx.param else ", ".join(f"{k} = {v!r}" for k, v in ctx.param.items())
+        setting = ("the recipe's own setting" if not ctx.param
+                   else ", ".join(f"{k} = {v!r}" for k, v in ctx.param.items()))
         raise Fail(f"{setting} runs out of memory on {ctx.device.name}: {step.out_of_memory}. This variant does not "
                    "fit here; keep it out of the run's settings")
     ctx.measure("peak_memory", step.peak_bytes, "bytes")

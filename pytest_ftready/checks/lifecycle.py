@@ -31,7 +31,8 @@ def resume(ctx) -> None:
 
 @check("lifecycle.generate", stage=STAGES["lifecycle"] + 1, requires=("model.overfit",))
 def generate(ctx) -> None:
-    """The saved adapter (on a fresh original base) and the merged model generate what the trained model did, and stop."""
+    """The saved adapter (on a fresh original base) and the merged model generate what the trained
+    model did, and stop."""
     from ..engine.generate import reloaded_outputs
 
     state = ctx.state
@@ -60,7 +61,8 @@ def generate(ctx) -> None:
 
 @check("lifecycle.interrupted_save", stage=STAGES["lifecycle"] + 2, requires=("lifecycle.resume",))
 def interrupted_save(ctx) -> None:
-    """A save killed before each of its files: the resume starts from the last complete checkpoint or refuses the partial one."""
+    """A save killed before each of its files: the resume starts from the last complete checkpoint or
+    refuses the partial one."""
     results = ctx.state.interrupted_saves
     trainer = ctx.state.trainer.step_trainer
     ctx.measure("checkpoint_files", results[0].files if results else 0, "files")

@@ -70,7 +70,8 @@ def step_memory(ctx) -> None:
         host_usable = int(host_total * (1 - headroom))
         ctx.measure("host_memory_usable", host_usable, "bytes")
         if step.host_peak_bytes > host_usable:
-            raise Fail(f"the worst-case step's own host peak is {human_bytes(step.host_peak_bytes)} ({step.host_method}) "
+            raise Fail(f"the worst-case step's own host peak is {human_bytes(step.host_peak_bytes)} "
+                       f"({step.host_method}) "
                        f"but this machine offers {human_bytes(host_usable)} of RAM ({human_bytes(host_total)} less the "
                        f"{headroom:.0%} memory_headroom): lower micro_batch_size or max_length, or run where there "
                        "is more RAM")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..data.audit import exposure, looks_encrypted, model_license, walk
+from ..privacy.audit import exposure, looks_encrypted, model_license, walk
 from ..outcomes import Fail, Skip
 from .registry import STAGES, check
 
@@ -31,7 +31,8 @@ def license_(ctx) -> None:
         problems.append(f"the model is licensed {found!r} ({where}), not one of [privacy] licenses "
                         f"{list(recipe.privacy.licenses)}")
     if not recipe.data.rights.strip():
-        problems.append("the dataset's rights are not declared: write [data] rights = \"why we may train on this data\"")
+        problems.append("the dataset's rights are not declared: write [data] rights = \"why we may train "
+                        "on this data\"")
     if problems:
         raise Fail("\n".join(problems))
 
@@ -146,7 +147,8 @@ def retention(ctx) -> None:
             problems.append(f"{len(plain)} backup file(s) in {folder} are not encrypted, e.g. "
                             + ", ".join(str(p) for p in plain[:5]))
         if not folder.exists():
-            unseen = (f"the backups folder {folder} ([privacy] backups path = \"{backups['path']}\") does not exist, so "
+            unseen = (f"the backups folder {folder} ([privacy] backups path = \"{backups['path']}\") does "
+                      f"not exist, so "
                       "no backup was checked: point path at where the backups are written")
     if not privacy.retention_days:
         problems.append("no retention period: write [privacy] retention_days = 90 (or what your policy says)")

@@ -55,7 +55,8 @@ def check(id: str, *, stage: int, accelerator: Union[bool, Callable] = False, ni
     def register(body: Callable[..., None]) -> Callable[..., None]:
         if id in REGISTRY:
             raise ValueError(f"check {id} registered twice")
-        doc = (body.__doc__ or "").strip().splitlines()[0] if body.__doc__ else id
+        # the docstring's first paragraph (wrapped at 120 characters), in one line
+        doc = " ".join(body.__doc__.strip().split("\n\n")[0].split()) if body.__doc__ else id
         REGISTRY[id] = CheckSpec(id=id, body=body, stage=stage, doc=doc, accelerator=accelerator,
                                  nightly=nightly, requires=tuple(requires), applies=applies, params=params)
         return body

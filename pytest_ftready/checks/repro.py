@@ -39,7 +39,8 @@ def pins(ctx) -> None:
     if recipe.model.id:
         ctx.measure("model_revision", recipe.model.revision, "")
         if not is_commit_hash(recipe.model.revision):
-            problems.append(f"[model] revision {recipe.model.revision!r} is a branch or tag, not a commit: it can move. "
+            problems.append(f"[model] revision {recipe.model.revision!r} is a branch or tag, not a commit: "
+                            f"it can move. "
                             f"Pin the commit it points to: python -c \"from huggingface_hub import HfApi; "
                             f"print(HfApi().model_info('{recipe.model.id}', revision='{recipe.model.revision}').sha)\"")
     else:
@@ -122,4 +123,5 @@ def manifest(ctx) -> None:
     ctx.measure("manifest_files", len(recipe.data.train), "files")
     if problems:
         raise Fail(f"the data differs from {recipe.data.manifest.name} in {len(problems)} place(s):\n  "
-                   + "\n  ".join(problems) + f"\nIf the change is intended, rewrite it: ftready-manifest write {recipe.source}")
+                   + "\n  ".join(problems) + f"\nIf the change is intended, rewrite it: ftready-manifest write "
+                   f"{recipe.source}")

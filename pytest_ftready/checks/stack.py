@@ -35,7 +35,8 @@ def driver(ctx) -> None:
     build = machine.torch
     if kind == "rocm":
         if not build.hip:
-            raise Fail(f"the recipe trains on ROCm but torch {build.version} is not a ROCm build: install the ROCm wheel")
+            raise Fail(f"the recipe trains on ROCm but torch {build.version} is not a ROCm build: install "
+                       f"the ROCm wheel")
         ctx.measure("torch_hip", build.hip, "")
         return
     if not build.cuda:
@@ -61,10 +62,12 @@ def driver(ctx) -> None:
         family = next(f for f in facts["family"] if f["major"] == wanted[0])
         if machine.nvml.driver_version and version_tuple(driver_version) < version_tuple(family["linux"]):
             raise Fail(f"driver {driver_version} is older than {family['linux']}, the minimum for any CUDA "
-                       f"{wanted[0]}.x runtime (minor-version compatibility); torch {build.version} needs a driver >= {need}{instead}")
+                       f"{wanted[0]}.x runtime (minor-version compatibility); torch {build.version} needs a driver >= "
+                       f"{need}{instead}")
         ctx.measure("minor_version_compatibility", "yes", "")
         if ctx.recipe.training.compile:
-            raise Fail(f"driver {driver_version} supports CUDA {cuda_text(drv)} and runs torch's CUDA {build.cuda} runtime "
+            raise Fail(f"driver {driver_version} supports CUDA {cuda_text(drv)} and runs torch's CUDA "
+                       f"{build.cuda} runtime "
                        f"only through minor-version compatibility, where PTX that triton/torch.compile JIT-compiles "
                        f"may fail; upgrade the driver to >= {need}{instead}, or set compile = false")
         return
@@ -163,7 +166,8 @@ def kernels(ctx) -> None:
         if device.kind in ("cuda", "rocm"):
             k = machine.kernel("triton")
             if k.version is None or k.import_error:
-                problems.append(f"compile = true: torch.compile on GPUs needs triton ({k.import_error or 'not installed'})")
+                problems.append(f"compile = true: torch.compile on GPUs needs triton "
+                                f"({k.import_error or 'not installed'})")
         elif device.kind == "cpu" and not machine.host.compiler:
             problems.append("compile = true: torch.compile on the CPU needs a C++ compiler (cc/gcc/clang) on PATH")
     if problems:
@@ -237,7 +241,8 @@ def mlx(ctx) -> None:
     if recipe.export.format == "gguf":
         if resolved not in facts["gguf_model_types"]:
             raise Fail(f"mlx_lm.fuse --export-gguf supports model types {', '.join(facts['gguf_model_types'])} only "
-                       f"{known}, not {model_type!r}: export safetensors (format = \"safetensors\") and convert with llama.cpp")
+                       f"{known}, not {model_type!r}: export safetensors (format = \"safetensors\") and convert "
+                       f"with llama.cpp")
         if recipe.model.quantization != "none":
             raise Fail("GGUF export of a quantized model is not supported by mlx_lm.fuse: add --dequantize")
 

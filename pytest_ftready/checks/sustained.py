@@ -71,7 +71,8 @@ def thermal(ctx) -> None:
         problems.append(f"the GPU reached {verdict.max_temperature_c:.0f} C (limit max_temperature_c {limit:.0f}), "
                         f"above the limit from {hot:.0f} s")
     if verdict.thermal_or_power:
-        problems.append("clocks were throttled: " + ", ".join(f"{r} from {t:.0f} s" for r, t in verdict.thermal_or_power)
+        problems.append("clocks were throttled: "
+                        + ", ".join(f"{r} from {t:.0f} s" for r, t in verdict.thermal_or_power)
                         + "; improve cooling or airflow, or lower the power limit deliberately (nvidia-smi -pl)")
     if problems:
         raise Fail("\n".join(problems))

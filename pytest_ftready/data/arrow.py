@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
-from .digest import Encode, Plan, digest_chunk, marking
+from .digest import Plan, digest_chunk, marking
 from .rows import CHUNK_BYTES, chunks
 
 COLUMNS = ("input_ids", "attention_mask", "labels", "where")  # `where`: file:line of the row
@@ -26,7 +26,8 @@ def _schema():
                       ("where", pa.string())])
 
 
-def write_examples(files: Sequence, plan: Plan, encode: Encode, path: Path, chunk_bytes: int = CHUNK_BYTES) -> int:
+def write_examples(files: Sequence, plan: Plan, encode: Callable[[list], list], path: Path,
+                   chunk_bytes: int = CHUNK_BYTES) -> int:
     """Write every trainable example of ``files`` to ``path`` (Arrow IPC stream, the format
     ``datasets.Dataset.from_file`` maps); one record batch per chunk. Returns the examples written."""
     import pyarrow as pa
@@ -41,7 +42,8 @@ def write_examples(files: Sequence, plan: Plan, encode: Encode, path: Path, chun
             batch: list = []
             digest_chunk(chunk, bare, lambda pairs: _keep(encode(pairs), batch))
             if batch:
-                writer.write_batch(pa.RecordBatch.from_pydict(dict(zip(COLUMNS, map(list, zip(*batch)))), schema=schema))
+                writer.write_batch(pa.RecordBatch.from_pydict(dict(zip(COLUMNS, map(list, zip(*batch)))),
+                                                              schema=schema))
                 written += len(batch)
     return written
 

@@ -262,7 +262,7 @@ def _digest_chunk(chunk: Chunk, plan: Plan, encode: Encode) -> DataDigest:
             continue
         digest.rows += 1
         sample, problems = read_sample(item, plan.format, plan.train_on, roles)
-        if problems:
+        if problems or sample is None:  # a row without a sample has problems
             digest.add_unusable(item.file, item.line, problems)
             continue
         digest.layouts[sample.layout] += 1
@@ -275,11 +275,11 @@ def _digest_chunk(chunk: Chunk, plan: Plan, encode: Encode) -> DataDigest:
     return digest
 
 
-def marking(encode: Encode, reserved: tuple) -> Encode:
+def marking(encode: Callable[[list], list], reserved: tuple) -> Callable[[list], list]:
     """``encode`` (any pipeline's), with each row that holds one of the ``reserved`` special
     tokens as text given a blocking problem naming the message and the token (data.specials):
     whatever made its labels, such a row is never trained."""
-    if encode is None or not reserved:
+    if not reserved:
         return encode
 
     def marked(pairs: list) -> list:

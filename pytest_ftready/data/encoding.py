@@ -1,4 +1,5 @@
-"""The one encoder: a row -> ``input_ids`` and ``labels`` exactly as training will see them.
+"""The built-in encoder: a row -> ``input_ids`` and ``labels`` exactly as training will see them,
+row by row (``Encoder.encode``); ``encode_many`` gives the same faster (``fast_encoding``).
 
 The data checks inspect what it produces and the model checks train on it, so what is
 checked is what is trained. Trained spans are found three ways:
@@ -20,24 +21,25 @@ import bisect
 import operator
 import re
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ..recipe.schema import CHAT_FORMATS
+from .fast_encoding import FastPaths
 from .layouts import Chat, Plain, Sample, read_sample
-from .redaction import redact_pieces, row_values
+from ..privacy.redaction import redact_pieces, row_values
 from .rendering import Renderer, generation_runs
 from .rows import Row
-from .skeleton import Splicer, needles
 from .specials import KIND as SPECIALS
-from .tiling import ASCII, UTF8, columns, holder, widths
 from .verify import (IGNORE_INDEX, content_texts, dropped_by_template, empty_block_pattern, empty_reasoning,
                      empty_reasoning_problem, reasoning_tags, runs, sequence_problems, verify_turns)
 
 # Problems that make a row unusable for training (the engine leaves such rows out).
 BLOCKING = frozenset({"render_error", "markers_empty", "truncated_all", "no_supervised", SPECIALS})
-CHAT_METHODS = ("generation-markers", "prefix-diff")  # Encoded.method of rows rendered through the chat template
+# Encoded.method of rows rendered through the chat template: how their trained spans were found
+GENERATION_MARKERS = "generation-markers"
+PREFIX_DIFF = "prefix-diff"
+CHAT_METHODS = (GENERATION_MARKERS, PREFIX_DIFF)
 MARKERS = re.compile(r"\{%-?\s*generation\s*-?%\}")
-BATCH_ROWS = 256  # spliced chat rows tokenized in one call (each row's offsets are Python objects until labelled)
 # A conversation of more messages than this is rendered first in its leading LEADING_MESSAGES, 2x, 4x, ...
 # messages, until they hold a trained turn and are more than max_length or render past the character
 # budget: the messages after lie beyond max_length tokens and are left out, so a row's per-turn renders
@@ -104,9 +106,9 @@ class Encoder:
             template = template.get("default", "")
         self.template = template
         # how assistant spans are found in chat rows; plain rows use "prompt-completion" / "all-tokens"
-        self.chat_method = CHAT_METHODS[0] if MARKERS.search(template) else CHAT_METHODS[1]
+        self.chat_method = GENERATION_MARKERS if MARKERS.search(template) else PREFIX_DIFF
         # the trained spans come from the template's {% generation %} blocks
-        self.markers = self.chat_method == CHAT_METHODS[0] and self.train_on != "all"
+        self.markers = self.chat_method == GENERATION_MARKERS and self.train_on != "all"
         if self.format in CHAT_FORMATS:
             self._need_template()
         # a token covers at most this many characters of text: a row longer than max_length + 1
@@ -116,28 +118,14 @@ class Encoder:
             raise ValueError("the encoder needs a fast tokenizer (offset mapping); this model's tokenizer is slow")
         self._eos_auto = self._adds_eos()
         self.renderer = Renderer(tokenizer)  # one render gives the text and the {% generation %} spans
-        # chat rows rendered by splicing contents into each structure's render (data/skeleton.py)
-        specials = [str(v) for v in tokenizer.special_tokens_map.values()]
-        tested = [needles(t, specials) for t in named]  # a row with tools may pick another template
-        self.splicer = (Splicer(self.char_budget, frozenset().union(*tested))
-                        if self.format in ("auto", *CHAT_FORMATS) and self.renderer.fast
-                        and all(found is not None for found in tested) else None)
-        # spliced rows whose tokens tile their text take their offsets from the tokens' widths
-        # (data/tiling.py), once the first batch showed them right; offsets are looked at for masks
-        # and verification only (not under train_on = "all"), of the text as tokenized (no special
-        # tokens added)
-        backend = self._backend() if self.splicer is not None else None
-        self.widths = (widths(backend) if backend is not None and self.train_on != "all" and not self.add_special
-                       else None)
-        # each kind of text (tiling.ASCII, tiling.UTF8) is read from the widths once a batch's texts
-        # of that kind were checked against their offsets: False until then, None when they differed
-        self.tiling: dict[str, Optional[bool]] = {ASCII: False, UTF8: False}
+        self.may_hold_chat = self.format in ("auto", *CHAT_FORMATS)
         # whether the template writes the same with and without add_generation_prompt: found on
         # the first trained turn rendered (None until then)
         self._prompt_ignored: Optional[bool] = None
         # the reasoning tags (<think>, the template's own) and the pattern of an empty block: found
         # on the first chat row (None until then)
-        self._reasoning = None
+        self._reasoning: Any = None
+        self.fast = FastPaths(self, named)  # encode_many's speed-ups (data/fast_encoding.py)
 
     def _need_template(self) -> None:
         if not self.template:
@@ -185,150 +173,23 @@ class Encoder:
         return self._encode_plain(row, sample, cut=len(sample.prompt) + len(sample.completion) > self.char_budget)
 
     def encode_many(self, pairs: Sequence[tuple[Row, Sample]]) -> list[Encoded]:
-        """``[encode(row, sample) for row, sample in pairs]``, the same Encoded, faster: chat rows
-        the splicer renders (``data/skeleton.py``) are tokenized in batches of BATCH_ROWS, each
-        batch in a thread of its own while the rows before it are labelled (the backend releases
-        the GIL); every other row goes through ``encode``."""
-        out: list[Optional[Encoded]] = [None] * len(pairs)
-        if self.splicer is not None:
-            from concurrent.futures import ThreadPoolExecutor
+        """``[encode(row, sample) for row, sample in pairs]``, the same Encoded, faster
+        (``data/fast_encoding.py``)."""
+        return self.fast.encode_many(pairs)
 
-            with ThreadPoolExecutor(1, thread_name_prefix="ftready-tokenize") as pool:
-                submit = pool.submit if self._backend() is not None else _now  # transformers' own call: here
-                waiting = None  # (batch, future of its tokenizations)
-                for batch in self._spliced_batches(pairs):
-                    # without offsets where the widths give them (after a batch checked them)
-                    future = submit(self._tokenize_both, [text for _, _, (text, _, _) in batch], self._quick_kinds())
-                    if waiting is not None:
-                        self._encode_spliced(pairs, *waiting, out)
-                    waiting = batch, future
-                if waiting is not None:
-                    self._encode_spliced(pairs, *waiting, out)
-        return [e if e is not None else self.encode(row, sample) for e, (row, sample) in zip(out, pairs)]
-
-    def _spliced_batches(self, pairs):
-        """[(index in pairs, chat, splice)] of the chat rows the splicer renders, BATCH_ROWS at a time."""
-        render_marked = self._render_marked if self.markers else None
-        batch = []
-        for k, (row, sample) in enumerate(pairs):
-            # a row whose contents alone are past the budget, or of more messages than max_length, is
-            # never spliced (its text would be past it): the row-by-row path cuts it before its per-turn renders
-            if (isinstance(sample, Chat) and len(sample.messages) <= self.max_length
-                    and _content_chars(sample) <= self.char_budget):
-                done = self.splicer.splice(sample, self.render, render_marked)
-                if done is not None:
-                    batch.append((k, sample, done))
-                    if len(batch) == BATCH_ROWS:
-                        yield batch
-                        batch = []
-        if batch:
-            yield batch
-
-    def _render_marked(self, messages, tools):
+    def render_marked(self, messages, tools):
+        """The render of ``messages`` and the character spans of its {% generation %} blocks."""
         return self.renderer.render_marked(messages, tools=tools)
-
-    def _quick_kinds(self) -> frozenset[str]:
-        """The kinds of text read from the widths, without offsets: those checked."""
-        return frozenset(kind for kind, state in self.tiling.items() if state) if self.widths is not None else frozenset()
-
-    def _tokenize_both(self, texts: list[str], quick: frozenset[str] = frozenset()) -> tuple[list, list,
-                                                                                              Optional[list]]:
-        """Each text's tokenization without and with the tokenizer's special tokens, and each
-        text's kind where it is quick (else None): the texts of the ``quick`` kinds, tokenized
-        without offsets (the backend's ``encode_batch_fast``; their offsets are read from the
-        widths, data/tiling.py)."""
-        backend = self._backend()
-        if quick and hasattr(backend, "encode_batch_fast"):  # tokenizers 0.20.2+
-            flags = [kind if kind in quick else None for kind in map(self.widths.kind, texts)]
-            fast = iter(backend.encode_batch_fast([t for t, f in zip(texts, flags) if f], add_special_tokens=False))
-            full = iter(backend.encode_batch([t for t, f in zip(texts, flags) if not f], add_special_tokens=False))
-            base = [next(fast) if f else next(full) for f in flags]
-            return base, base, flags
-        base = self._tokenize_many(texts, False)
-        return base, (self._tokenize_many(texts, True) if self.add_special else base), None
-
-    def _encode_spliced(self, pairs, batch: list, tokenized, out: list) -> None:
-        raw_base, raw_final, quick = tokenized.result()
-        texts = [text for _, _, (text, _, _) in batch]
-        if quick is not None:
-            base = final = self._read_quick(raw_base, texts, quick)
-        else:
-            base = _readable(raw_base)
-            final = base if raw_final is raw_base else _readable(raw_final)
-            # only the backend's own encodings are read from the widths (not the tokenizer __call__'s)
-            if self.widths is not None and isinstance(base[0], _Encoding):
-                self._tile(base, texts, [True] * len(base))
-        for n, (k, chat, (text, generation, spans)) in enumerate(batch):
-            out[k] = self._chat_labels(pairs[k][0], chat, text, generation, dict(zip(chat.trained, spans)),
-                                       dropped_by_template(chat, text), base[n], final[n], False)
-
-    def _tile(self, encodings: list, texts: list[str], chosen: list[bool]) -> None:
-        """Give the ``chosen`` encodings (with offsets) whose tokens tile their text their
-        ``columns``. Until a batch had some of a kind of text, each of that kind is checked against
-        the offsets themselves: one that differs and this encoder never reads that kind from the
-        widths again (its tokenizer is not what ``tiling`` reads it as)."""
-        found = {}
-        for n, (e, text, flag) in enumerate(zip(encodings, texts, chosen)):
-            kind = self.widths.kind(text) if flag else None
-            if kind is not None and self.tiling[kind] is not None:
-                found[n] = kind, columns(self.widths, text, e.input_ids, kind)
-        for kind, state in self.tiling.items():
-            if state is False:  # not checked yet
-                mine = [(n, c) for n, (k, c) in found.items() if k == kind and c is not None]
-                if any(list(zip(*c)) != encodings[n].offset_mapping for n, c in mine):
-                    self.tiling[kind] = None
-                elif mine:
-                    self.tiling[kind] = True
-        for n, (kind, c) in found.items():
-            if self.tiling[kind] is not None:
-                encodings[n].columns = c
-
-    def _read_quick(self, encodings: list, texts: list[str], quick: list) -> list:
-        """The batch's tokenizations, those without offsets (``quick``: their kind, None for the
-        others) given their columns from the widths; one whose tokens do not tile its text is
-        tokenized again, with offsets. The others are read from the widths, or checked against
-        them, as ``_tile`` does."""
-        out = []
-        for e, text, kind in zip(encodings, texts, quick):
-            if kind is None:
-                out.append(_Encoding(e))
-                continue
-            ids = e.ids
-            found = columns(self.widths, text, ids, kind)
-            out.append(_Encoding(e, ids, found) if found is not None
-                       else _readable(self._tokenize_many([text], False))[0])
-        if None in quick:
-            self._tile(out, texts, [kind is None for kind in quick])
-        return out
-
-    def _backend(self):
-        """The backend tokenizer when the tokenizer left it as its __call__ does (no truncation,
-        no padding, its split_special_tokens): batches then go to it directly, in a thread of their
-        own (it reads nothing of Python's and releases the GIL); else None."""
-        backend = getattr(self.tok, "_tokenizer", None)
-        if (backend is not None and backend.truncation is None and backend.padding is None
-                and backend.encode_special_tokens == bool(getattr(self.tok, "split_special_tokens", False))):
-            return backend
-        return None
-
-    def _tokenize_many(self, texts: list[str], add_special: bool) -> list:
-        """Each text's tokenization with offsets, as ``self.tok(text, return_offsets_mapping=True)``
-        gives it, without a per-row conversion to a dict."""
-        backend = self._backend()
-        if backend is not None:
-            return backend.encode_batch(texts, add_special_tokens=add_special)
-        batch = self.tok(texts, add_special_tokens=add_special, return_offsets_mapping=True)
-        return [_Item(batch, n) for n in range(len(texts))]
 
     def _encode_plain(self, row: Row, sample: Plain, cut: bool) -> Encoded:
         text = sample.prompt + sample.completion
-        spans = [(0 if self.train_on == "all" else len(sample.prompt), None)]
+        start = 0 if self.train_on == "all" else len(sample.prompt)  # trained from here to the end
         method = "prompt-completion" if sample.prompt else "all-tokens"
         if cut:
             text = text[: self.char_budget]
         elif self.tok.eos_token and not self._eos_auto and not text.endswith(self.tok.eos_token):
             text += self.tok.eos_token  # the model must learn to stop
-        spans = [(a, len(text) if b is None else b) for a, b in spans]
+        spans = [(start, len(text))]
         enc = self.tok(text, add_special_tokens=True, return_offsets_mapping=True)
         ids = list(enc["input_ids"])
         if cut and len(ids) <= self.max_length:  # the budget was not enough (a normalizer dropped text)
@@ -374,7 +235,7 @@ class Encoder:
         if cut and (len(base["input_ids"]) <= self.max_length or (markers and generation is None)):
             return self._encode_chat(row, whole, budget=0)  # the cut is not safe here: the whole row, exactly
         final = self.tok(text, add_special_tokens=True, return_offsets_mapping=True) if self.add_special else base
-        return self._chat_labels(row, chat, text, generation, turns, problems, base, final, cut)
+        return self.chat_labels(row, chat, text, generation, turns, problems, base, final, cut)
 
     def _leading(self, chat: Chat, budget: int) -> Chat:
         """``chat`` cut after its first 16, 32, 64, ... messages once they hold a trained turn and are more
@@ -396,7 +257,7 @@ class Encoder:
             count *= 2
         return chat
 
-    def _chat_labels(self, row: Row, chat: Chat, text: str, generation, turns: dict, problems: list, base, final,
+    def chat_labels(self, row: Row, chat: Chat, text: str, generation, turns: dict, problems: list, base, final,
                      cut: bool) -> Encoded:
         """The labels of a rendered chat row from its tokenization without (``base``) and with
         (``final``) the tokenizer's special tokens: what the row-by-row and the spliced paths share.
@@ -406,8 +267,8 @@ class Encoder:
         spans = list(turns.values())
         problems += self._bare_prompts(chat, text, turns)
         supplied: list[int] = []
-        # the tokens' (starts, ends) when they are in order: read for tokens that tile their text
-        # (data/tiling.py), else one look at the offsets for every use
+        # the tokens' (starts, ends) when they are in order (given by the fast path when it read them
+        # from the token widths), else one look at the offsets for every use
         columns = None if self.train_on == "all" else (getattr(final, "columns", None)
                                                         or _in_order(final["offset_mapping"]))
         columns_base = columns if final is base else None
@@ -429,7 +290,7 @@ class Encoder:
                     spans = _block_spans(blocks, base["offset_mapping"] if columns_base is None else None, columns_base)
                 trained = (_flags_in_order(columns[0], len(ids), spans) if columns is not None
                            else _trained_flags(final["offset_mapping"], spans))
-            if self.chat_method == CHAT_METHODS[1]:
+            if self.chat_method == PREFIX_DIFF:
                 _trim_after_stop(ids, trained, self.stop_ids)
             prompt_ends = {i: start for i, (start, _) in turns.items()}
             problems += verify_turns(chat, text, None if columns else final["offset_mapping"], trained, self.train_on,
@@ -494,7 +355,8 @@ class Encoder:
             out = self.tok.apply_chat_template(list(chat.messages), tools=list(chat.tools) if chat.tools else None,
                                                tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
             if list(out["input_ids"]) != list(base["input_ids"]):
-                problems.append(("render_error", "the template's tokenization differs from tokenizing its rendered text"))
+                problems.append(("render_error", "the template's tokenization differs from tokenizing its "
+                                 "rendered text"))
                 return []
             blocks = runs(out["assistant_masks"])
         if not blocks:
@@ -534,7 +396,8 @@ class Encoder:
         size = f" (the row is at least {full_length:,} tokens; only its start was tokenized)" if cut else ""
         if trained_full and kept == 0:
             problems.append(("truncated_all", f"max_length {self.max_length} cuts the whole response "
-                             f"({least}{full_length:,} tokens, response starts at token {spans[0][0]}): raise [data] max_length "
+                             f"({least}{full_length:,} tokens, response starts at token {spans[0][0]}): raise "
+                             f"[data] max_length "
                              "past it, or shorten what comes before the response"))
         elif kept < trained_full:
             problems.append(("truncated_part", f"max_length {self.max_length} cuts {least}{trained_full - kept:,} of "
@@ -582,66 +445,6 @@ def _flags_at(n: int, indices) -> list[bool]:
     return flags
 
 
-def _now(function, *args):
-    """``function(*args)`` called here and now, as a done future."""
-    from concurrent.futures import Future
-
-    future: Future = Future()
-    future.set_result(function(*args))
-    return future
-
-
-def _readable(encodings: list) -> list:
-    """Backend ``Encoding``s read as __call__ results (``_Encoding``); ``_Item``s as they are."""
-    return [_Encoding(e) if not isinstance(e, _Item) else e for e in encodings]
-
-
-class _Item:
-    """Row ``index`` of a batch tokenization, read as the tokenization of that one text."""
-
-    __slots__ = ("batch", "index")
-
-    def __init__(self, batch, index: int) -> None:
-        self.batch, self.index = batch, index
-
-    def __getitem__(self, key: str):
-        return self.batch[key][self.index]
-
-    def char_to_token(self, char: int):
-        return self.batch.char_to_token(self.index, char)
-
-
-class _Encoding:
-    """A backend ``tokenizers.Encoding`` read as the tokenizer's __call__ result for one text; its
-    offsets become Python objects when first asked for. ``columns``: the tokens' (starts, ends),
-    when they tile the text (``tiling.columns``): then the offsets and ``char_to_token`` are
-    read from them (an encoding of ``encode_batch_fast`` has no offsets of its own)."""
-
-    __slots__ = ("encoding", "input_ids", "_offsets", "columns")
-
-    def __init__(self, encoding, ids: Optional[list[int]] = None,
-                 columns: Optional[tuple[list[int], list[int]]] = None) -> None:
-        self.encoding, self.input_ids = encoding, (encoding.ids if ids is None else ids)
-        self._offsets, self.columns = None, columns
-
-    @property
-    def offset_mapping(self) -> list:
-        if self._offsets is None:
-            self._offsets = self.encoding.offsets if self.columns is None else list(zip(*self.columns))
-        return self._offsets
-
-    def __getitem__(self, key: str):
-        return self.input_ids if key == "input_ids" else self.offset_mapping
-
-    def char_to_token(self, char: int):
-        return self.encoding.char_to_token(char) if self.columns is None else holder(self.columns[1], char)
-
-
-def _content_chars(chat: Chat) -> int:
-    """The characters of a conversation's string contents."""
-    return sum(len(m["content"]) for m in chat.messages if isinstance(m.get("content"), str))
-
-
 def _clipped(chat: Chat, budget: int) -> Chat:
     """``chat`` with every content longer than ``budget`` characters cut to it (the same object
     when none is): what follows such a content lies beyond max_length tokens anyway."""
@@ -658,7 +461,7 @@ def _trained_flags(offsets, spans) -> list[bool]:
     cover = _cover(spans)
     ends = [hi for _, hi in cover]
     inf = float("inf")
-    flags = []
+    flags: list[bool] = []
     append = flags.append
     j, prev = 0, -1
     lo, hi = cover[0] if cover else (inf, inf)
@@ -787,7 +590,8 @@ def _trim_after_stop(ids: list[int], trained: list[bool], stop_ids: frozenset[in
 def mask_runs(tokenizer, encoded: Encoded, limit: Optional[int] = None) -> list[tuple[str, bool]]:
     """The decoded text of each run of consecutive trained / masked tokens: (text, trained)."""
     runs: list[tuple[str, bool]] = []
-    current, buf = None, []
+    current = False
+    buf: list[int] = []
     for token_id, label in zip(encoded.input_ids[:limit], encoded.labels[:limit]):
         flag = label != IGNORE_INDEX
         if flag != current and buf:

@@ -159,7 +159,8 @@ def _parts_problem(content: list, label: str, role: Any) -> Optional[str]:
         return (f"{label} ({role}) has no text part, only {', '.join(others)} part(s): the turn would train nothing; "
                 + MULTIMODAL_FIX)
     if others:
-        return f"{label} ({role}) is multimodal: it holds {', '.join(others)} part(s) beside its text; " + MULTIMODAL_FIX
+        return (f"{label} ({role}) is multimodal: it holds {', '.join(others)} part(s) beside its text; "
+                + MULTIMODAL_FIX)
     if not any(p["text"].strip() for p in texts):
         return f"{label} ({role}) has empty content (its text parts hold no text)"
     return None
@@ -364,7 +365,7 @@ def _read_prompt_completion(data: dict, train_on: str, roles: dict) -> tuple[Opt
                 (("prompt", prompt), ("completion", completion)) if not _nonempty_str(v)]
     if problems:
         return None, problems
-    return Plain("prompt_completion", prompt, completion), []
+    return Plain("prompt_completion", str(prompt), str(completion)), []  # both checked non-empty strings
 
 
 def _read_text(data: dict, train_on: str, roles: dict) -> tuple[Optional[Sample], list[str]]:

@@ -124,12 +124,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         from ..files import PathProblem
 
         try:
-            print(f"wrote {write(recipe.data.train, recipe.data.manifest)}")
+            print(f"wrote {write(recipe.data.train, Path(recipe.data.manifest))}")
         except PathProblem as exc:
             print(f"ftready-manifest: {exc}")
             return 2
         return 0
-    problems = differences(recipe.data.train, recipe.data.manifest)
+    problems = differences(recipe.data.train, Path(recipe.data.manifest))
     for line in problems:
         print(line)
     print("data matches the manifest" if not problems else f"{len(problems)} difference(s)")

@@ -15,7 +15,7 @@ import types
 from collections import deque
 from contextlib import contextmanager
 from functools import partial
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from .meter import Meter
 from .digest import DataDigest, Encode, Plan, digest_chunk
@@ -89,7 +89,7 @@ def _in_workers(files, plan: Plan, encoder, encoding: bool, workers: int, meter:
     return digest
 
 
-def in_order(tasks: Iterable[tuple[Callable, tuple, int]], workers: int, done: Callable[[object, int], None],
+def in_order(tasks: Iterable[tuple[Callable, tuple, int]], workers: int, done: Callable[[Any, int], None],
              doing: str, encoder=None, remedy: str = "run with --ftready-workers=1 to work in one process") -> None:
     """Run each (function, args, size) of ``tasks`` in ``workers`` spawned processes, at most
     IN_FLIGHT per worker queued, and hand each result with its size to ``done`` in the order

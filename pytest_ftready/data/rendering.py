@@ -20,7 +20,7 @@ import itertools
 import operator
 from bisect import bisect_left, bisect_right
 from contextvars import ContextVar
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from .verify import runs
 
@@ -58,7 +58,8 @@ class Renderer:
         internals = _internals()
         base = internals[0] if internals else None
         self.fast = internals is not None and getattr(type(tokenizer), "apply_chat_template", None) is base
-        self._render, self._normalize = (internals[1], internals[2]) if internals else (None, None)
+        self._render: Any = internals[1] if internals else None
+        self._normalize: Any = internals[2] if internals else None
 
     def force_slow(self) -> None:
         self.fast = False

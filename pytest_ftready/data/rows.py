@@ -116,7 +116,10 @@ def read_rows(files) -> tuple[list[Row], list[RowProblem]]:
     problems: list[RowProblem] = []
     for chunk in chunks(files):
         for item in chunk.items():
-            (rows if isinstance(item, Row) else problems).append(item)
+            if isinstance(item, Row):
+                rows.append(item)
+            else:
+                problems.append(item)
     return rows, problems
 
 
@@ -364,7 +367,8 @@ def _json_array_rows(path: Path) -> Iterator[Item]:
                 except ValueError as exc:
                     if len(buf) - at > MAX_LINE_BYTES:
                         yield RowProblem(str(path), number + 1, "too_long", f"an element longer than the "
-                                         f"{MAX_LINE_BYTES // 2**20} MiB a row may hold; the rows after it are not read")
+                                         f"{MAX_LINE_BYTES // 2**20} MiB a row may hold; the rows after it "
+                                         f"are not read")
                         return
                     if more():
                         continue  # the element goes on in the next piece of the file

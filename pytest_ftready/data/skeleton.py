@@ -98,7 +98,7 @@ class _Taint:
         self.names: dict[str, str] = {"messages": LIST}
         self.untainted: set[str] = set()  # names also bound to something else than a content/message/list
         self.macros: dict = {}  # name -> the template's {% macro %} node
-        self.needles: set[str] = set()
+        self.needles: set[str | tuple[str, str]] = set()  # a text, or ("edge", characters)
         self.changed = False
 
     def bind(self, name: str, kind: Optional[str]) -> None:
@@ -605,13 +605,14 @@ def structure(chat, needles: frozenset = frozenset()) -> Optional[tuple]:
         if any(_edged(content, needle[1]) if isinstance(needle, tuple) else needle in content for needle in needles):
             return None
         fields = tuple((k, v) for k, v in m.items() if k != "content")
+        kept: Optional[str | tuple] = fields  # the fields, or their JSON where some value is not a string
         if not all(isinstance(v, str) for _, v in fields):
-            fields = _dumped(fields)
-            if fields is None:
+            kept = _dumped(fields)
+            if kept is None:
                 return None
         elif any(mark in v for _, v in fields for mark in MARKS):
             return None
-        parts.append((fields, bool(content)))
+        parts.append((kept, bool(content)))
     tools = _dumped(chat.tools) if chat.tools else ""
     if tools is None:
         return None

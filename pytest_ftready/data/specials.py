@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from .layouts import Chat, Sample
 from .rendering import bound_template
-from .scan import iter_strings
+from ..privacy.scan import iter_strings
 
 KIND = "special_token_text"  # the problem kind an encoded row carries (blocking: never trained)
 _PROBE = ({"role": "user", "content": "x"}, {"role": "assistant", "content": "y"})
@@ -75,7 +75,8 @@ def literal_specials(sample: Sample, tokens: tuple[str, ...]) -> list[str]:
     if _printable(tokens) and pattern.search(repr(whole)) is None:
         return []
     if isinstance(sample, Chat):
-        places = [(label, message.get("role"), message) for label, message in zip(sample.labels, sample.messages)]
+        places: list[tuple[str, Optional[str], Any]] = [(label, message.get("role"), message)
+                                                      for label, message in zip(sample.labels, sample.messages)]
         if sample.tools:
             places.append(("tools", None, list(sample.tools)))
     else:

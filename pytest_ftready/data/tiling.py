@@ -56,7 +56,7 @@ class Widths:
         normalizer would change it)."""
         if text.isascii():
             return ASCII
-        return UTF8 if all(unicodedata.is_normalized(form, text) for form in self.forms) else None
+        return UTF8 if all(unicodedata.is_normalized(form, text) for form in self.forms) else None  # type: ignore[arg-type]
 
 
 def widths(backend) -> Optional[Widths]:
@@ -85,7 +85,9 @@ def widths(backend) -> Optional[Widths]:
         width = len(content.encode("utf-8", "surrogatepass"))
         fixed = (content and not (token.lstrip or token.rstrip or token.single_word)
                  # a normalized one is matched in the normalized text: as it is only when it is in those forms
-                 and not (token.normalized and not all(unicodedata.is_normalized(form, content) for form in forms))
+                 and not (token.normalized
+                          and not all(unicodedata.is_normalized(form, content)  # type: ignore[arg-type]
+                                      for form in forms))
                  # an id the model's own vocabulary has too (a byte character): one width for both, or none
                  and own.get(index, width) == width)
         if index < len(table):
@@ -151,7 +153,7 @@ def _forms(spec: Optional[dict]) -> Optional[tuple[str, ...]]:
         return ()
     if spec.get("type") == "Sequence":
         parts = [_forms(part) for part in spec.get("normalizers", ())]
-        return None if None in parts else tuple(itertools.chain.from_iterable(parts))
+        return None if None in parts else tuple(itertools.chain.from_iterable(p for p in parts if p is not None))
     return (spec["type"],) if spec.get("type") in NORMALIZERS else None
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from .encoding import IGNORE_INDEX, Encoded
-from .redaction import redact_pieces, redact_text, row_values
+from ..privacy.redaction import redact_pieces, redact_text, row_values
 
 HEAD_TOKENS, TAIL_TOKENS = 384, 128  # a long example shows its start and its end (where EOS is trained)
 
@@ -32,7 +32,8 @@ def token_view(tokenizer, encoded: Encoded, head: int = HEAD_TOKENS, tail: int =
         shown = shown[:head] + shown[-tail:]
     given = {k for start, end in encoded.prompted for k in range(start, end)}
     values = {**known, **row_values(encoded.row.data)}
-    pieces = redact_pieces([(tokenizer.decode([token_id]), label != IGNORE_INDEX) for token_id, label in zip(ids, labels)],
+    pieces = redact_pieces([(tokenizer.decode([token_id]), label != IGNORE_INDEX)
+                            for token_id, label in zip(ids, labels)],
                            values, edges=True)
     return {
         "where": encoded.row.where,

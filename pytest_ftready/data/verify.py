@@ -13,7 +13,7 @@ from __future__ import annotations
 import operator
 import re
 from bisect import bisect_left
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 
 IGNORE_INDEX = -100
@@ -80,7 +80,8 @@ def verify_turns(chat, text: str, offsets, trained: list[bool], train_on: str,
 def runs(flags: Sequence[bool]) -> list[tuple[int, int]]:
     """(start, end) of each run of consecutive True flags."""
     flags = list(map(bool, flags))
-    out, at, n = [], 0, len(flags)
+    out: list[tuple[int, int]] = []
+    at, n = 0, len(flags)
     while True:
         try:
             start = flags.index(True, at)
@@ -133,8 +134,8 @@ def judge_labels(tokenizer, sample, train_on: str, ids: Sequence[int], labels: S
                  stop_ids: frozenset[int], full_length: Optional[int] = None,
                  max_length: Optional[int] = None) -> list[tuple[str, str]]:
     """Every problem of labels someone else made for one row, read as ``sample`` (``layouts.Chat``
-    or ``Plain``; the same verification the built-in encoder's own labels get). ``full_length``: tokens before truncation, when known; else a row
-    that fills ``max_length`` is taken as cut there."""
+    or ``Plain``; the same verification the built-in encoder's own labels get). ``full_length``:
+    tokens before truncation, when known; else a row that fills ``max_length`` is taken as cut there."""
     if len(ids) != len(labels):
         return [("render_error", f"input_ids ({len(ids)}) and labels ({len(labels)}) differ in length")]
     trained = [label != IGNORE_INDEX for label in labels]
@@ -149,12 +150,13 @@ def judge_labels(tokenizer, sample, train_on: str, ids: Sequence[int], labels: S
         problems += verify_turns(sample, text, offsets, trained, train_on, prompt_ends=ends)
         tags, pattern = _template_reasoning(tokenizer)
         if pattern.search(text):
-            bounds = sorted(ends.items(), key=lambda item: item[1]) + [(None, len(text))]
+            bounds: list[tuple[Any, int]] = sorted(ends.items(), key=lambda item: item[1]) + [(None, len(text))]
             turns = {i: (end, after) for (i, end), (_, after) in zip(bounds, bounds[1:])}  # prompt end to the next
             count, held = empty_reasoning(text, [a for a, _ in offsets], trained, pattern, turns)
             problems += empty_reasoning_problem(count, held, sample.labels, tags)
     known = full_length is not None
-    truncated = (full_length > len(ids)) if known else (max_length is not None and len(ids) >= max_length)
+    truncated = (full_length > len(ids)) if full_length is not None else (max_length is not None
+                                                                          and len(ids) >= max_length)
     spans = runs(trained)
     if truncated and spans and spans[-1][1] == len(ids):
         spans = spans[:-1]  # the last span runs into the cut: its stop token is beyond max_length
@@ -177,7 +179,8 @@ def prompt_ends(tokenizer, chat, text: str) -> dict[int, int]:
     bos = tokenizer.bos_token or ""
     for i in chat.trained:
         try:
-            prompt = tokenizer.apply_chat_template(list(chat.messages[:i]), tools=list(chat.tools) if chat.tools else None,
+            prompt = tokenizer.apply_chat_template(list(chat.messages[:i]),
+                                                   tools=list(chat.tools) if chat.tools else None,
                                                    add_generation_prompt=True, tokenize=False)
         except Exception:  # the template's errors are data.template's to report
             continue
@@ -192,7 +195,7 @@ def _tool_name(item) -> str:
     """The function name of a tool schema or a tool call (OpenAI's nested ``function`` or flat)."""
     if not isinstance(item, dict):
         return ""
-    inner = item.get("function") if isinstance(item.get("function"), dict) else item
+    inner = item["function"] if isinstance(item.get("function"), dict) else item
     name = inner.get("name")
     return name if isinstance(name, str) else ""
 
@@ -287,7 +290,8 @@ def empty_reasoning(text: str, starts: Sequence[int], trained: Sequence[bool], p
     """(how many empty reasoning blocks of ``text`` have a trained token, the trained turns that
     hold them): a token starting inside the block carries loss. ``starts``: each token's start
     character (in order, or not); ``turns``: message index -> its character span in ``text``."""
-    count, held = 0, []
+    count = 0
+    held: list[int] = []
     if "<" not in text:
         return 0, held
     ordered = None

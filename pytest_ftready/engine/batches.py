@@ -53,7 +53,7 @@ class DataOrder:
     def next_indices(self) -> list[int]:
         import torch
 
-        out = []
+        out: list = []
         while len(out) < self.micro_batch:
             if self.pos >= len(self.perm):
                 self.perm = torch.randperm(self.n, generator=self.generator).tolist()

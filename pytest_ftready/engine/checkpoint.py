@@ -8,11 +8,12 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..files import ensure_private_dir, make_private
 from .batches import DataOrder, next_batches
-from .trainable import make_optimizer, make_scheduler, make_trainable, peft_quiet, release_trainable, set_checkpointing, train_step
+from .trainable import (make_optimizer, make_scheduler, make_trainable, peft_quiet, release_trainable,
+                        set_checkpointing, train_step)
 
 
 STATE_FILE = "training_state.pt"
@@ -33,7 +34,8 @@ def rng_state() -> dict:
     import torch
 
     version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    numpy_state: Any = np.random.get_state()  # a tuple (legacy=True, the default)
+    kind, keys, pos, has_gauss, cached = numpy_state
     state = {"torch": torch.get_rng_state(), "python": [version, list(internal), gauss],
              "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)]}
     if torch.cuda.is_available():
@@ -121,7 +123,8 @@ class PlainExample:
 
 
 def load_examples(folder: Path) -> list[PlainExample]:
-    return [PlainExample(tuple(i), tuple(l)) for i, l in json.loads((Path(folder) / EXAMPLES_FILE).read_text())]
+    return [PlainExample(tuple(ids), tuple(labels))
+            for ids, labels in json.loads((Path(folder) / EXAMPLES_FILE).read_text())]
 
 
 def resume_and_train(recipe, base, folder: Path, steps: int, device: str, pad_id: int, total_steps: int,
@@ -217,12 +220,14 @@ def straight_and_half(recipe, examples: Sequence, pad_id: int, torch_device: str
 def compare_losses(straight: Sequence[float], resumed: Sequence[float], exact: bool) -> str:
     """'' when they match, else what differs (a resumed run with fewer or more losses differs)."""
     if len(resumed) != len(straight):
-        return (f"the resumed run returned {len(resumed)} loss(es) for the {len(straight)} step(s) after the checkpoint: "
+        return (f"the resumed run returned {len(resumed)} loss(es) for the {len(straight)} step(s) after the "
+                f"checkpoint: "
                 "it stopped early or ran extra steps, so the saved step count or data position is wrong")
     tolerance = 0.0 if exact else 1e-3
     for i, (a, b) in enumerate(zip(straight, resumed)):
         if abs(a - b) > tolerance * max(1.0, abs(a)):
-            return (f"step {i + 1} after the resume: loss {b:.6f}, uninterrupted {a:.6f} (difference {abs(a - b):.3g}); "
+            return (f"step {i + 1} after the resume: loss {b:.6f}, uninterrupted {a:.6f} (difference "
+                    f"{abs(a - b):.3g}); "
                     "check that the scheduler is built before the optimizer state is loaded, and that every RNG "
                     "(torch, python, numpy, data order) is restored")
     return ""

@@ -42,7 +42,7 @@ class _HostPeak:
         self.start_kib = _status_kib("VmRSS")
         self.exact = False
         self._stop = threading.Event()
-        self._thread = None
+        self._thread: Optional[threading.Thread] = None  # the RSS sampler where VmHWM cannot be reset
         self._max = 0
         if self.start_kib is not None:
             try:
@@ -65,9 +65,10 @@ class _HostPeak:
 
     def finish(self) -> tuple[int, str]:
         if self.exact:
-            return max(0, (_status_kib("VmHWM") or 0) - self.start_kib) * 1024, "VmHWM after clear_refs"
+            return max(0, (_status_kib("VmHWM") or 0) - (self.start_kib or 0)) * 1024, "VmHWM after clear_refs"
         self._stop.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
         return max(0, self._max - self.start_bytes), "RSS sampled every 2 ms"
 
 

@@ -101,7 +101,8 @@ def judged(model, recipe, losses: list, frozen_before: dict, trained_before: dic
     answer = greedy(model, prompt_ids, checks.max_new_tokens, stop_ids, pad_id, torch_device)
     model.save_pretrained(ensure_private_dir(save_to))
     make_private(save_to)
-    return OverfitResult(losses, target_reached(losses, checks.overfit_loss), save_to, list(prompt_ids), answer, example_where,
+    return OverfitResult(losses, target_reached(losses, checks.overfit_loss), save_to, list(prompt_ids), answer,
+                         example_where,
                          checks.overfit_loss, recipe.training.learning_rate)
 
 

@@ -43,7 +43,8 @@ def packing_mismatch(model, examples: Sequence, max_length: int, device: str) ->
         return PackingResult(len(chosen), 0.0, 0.0)
     was_training = model.training
     model.eval()
-    ids, labels, pos, bounds = [], [], [], []
+    ids: list[int] = []
+    labels, pos, bounds = [], [], []
     for e in chosen:
         start = len(ids)
         ids += list(e.input_ids)

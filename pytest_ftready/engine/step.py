@@ -85,7 +85,8 @@ def measure_step(recipe, examples: Sequence, pad_id: int, torch_device: str, sha
                                    breakdown(model, optimizer, capacity_bytes or 0), layers, out_of_memory=reason,
                                    vocab_size=vocab)
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
-        peak_bytes = peak.device_reserved_bytes if peak.device_reserved_bytes is not None else weights + peak.tensor_bytes
+        peak_bytes = (peak.device_reserved_bytes if peak.device_reserved_bytes is not None
+                      else weights + peak.tensor_bytes)
         parts = breakdown(model, optimizer, peak_bytes)
         seconds = timer(lambda: train_step(model, optimizer, scheduler, [batch], torch_device), rounds)
     return StepMeasurement(peak_bytes, capacity_bytes, peak.host_bytes, peak.host_method, tokens,

@@ -62,7 +62,8 @@ def vocabulary_rows(path: Path) -> dict[str, int]:
 
     with safe_open(str(path), framework="pt") as handle:
         return {name: handle.get_slice(name).get_shape()[0] for name in handle.keys()
-                if any(k in name for k in EMBEDDING_NAMES + HEAD_NAMES) and len(handle.get_slice(name).get_shape()) == 2}
+                if any(k in name for k in EMBEDDING_NAMES + HEAD_NAMES)
+                and len(handle.get_slice(name).get_shape()) == 2}
 
 
 def _shape(folder: Path, file: str, name: str) -> list[int]:
@@ -72,14 +73,15 @@ def _shape(folder: Path, file: str, name: str) -> list[int]:
         return list(handle.get_slice(name).get_shape())
 
 
-def find_matrices(folder: Path, files: dict[str, str], vocab_size: Optional[int], tied: Optional[bool]) -> dict[str, str]:
+def find_matrices(folder: Path, files: dict[str, str], vocab_size: Optional[int],
+                  tied: Optional[bool]) -> dict[str, str]:
     """The input embedding's tensor name (and the LM head's, when it is stored and not tied) -> file."""
     def matrix(names: tuple[str, ...]) -> Optional[str]:
         found = [n for n in files if n.endswith(".weight") and any(k in n for k in names) and "per_layer" not in n]
         shaped = [(n, _shape(folder, files[n], n)) for n in found]
         shaped = [(n, s) for n, s in shaped if len(s) == 2]
         exact = [n for n, s in shaped if s[0] == vocab_size]
-        return (exact or [n for n, s in sorted(shaped, key=lambda x: -x[1][0])] or [None])[0]
+        return next(iter(exact or [n for n, s in sorted(shaped, key=lambda x: -x[1][0])]), None)
 
     embedding = matrix(EMBEDDING_NAMES)
     if embedding is None:

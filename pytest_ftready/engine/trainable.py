@@ -30,7 +30,8 @@ def lora_config(recipe):
     from peft import LoraConfig
 
     a = recipe.adapter
-    return LoraConfig(r=a.r, lora_alpha=a.alpha, lora_dropout=a.dropout, target_modules=a.target_regex or list(a.target_modules),
+    return LoraConfig(r=a.r, lora_alpha=a.alpha, lora_dropout=a.dropout,
+                      target_modules=a.target_regex or list(a.target_modules),
                       task_type="CAUSAL_LM")
 
 
@@ -63,7 +64,8 @@ def make_trainable(base, recipe):
         if kbit_preparation(recipe):
             from peft import prepare_model_for_kbit_training
 
-            base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=recipe.training.gradient_checkpointing)
+            base = prepare_model_for_kbit_training(base,
+                                                   use_gradient_checkpointing=recipe.training.gradient_checkpointing)
         from peft import get_peft_model
 
         names = [n for n, _ in base.named_modules()]

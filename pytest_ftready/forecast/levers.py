@@ -77,7 +77,8 @@ def candidates(recipe, p95_length: Optional[float] = None, recipe_loss: bool = T
     if p95_length and p95_length < d.max_length:
         shorter = max(16, int(2 ** (int(p95_length - 1).bit_length())))
         if shorter < d.max_length:
-            out.append(Candidate("shorter max_length", f"[data] max_length = {shorter} (p95 of lengths is {p95_length:.0f})",
+            out.append(Candidate("shorter max_length", f"[data] max_length = {shorter} (p95 of lengths is "
+                                 f"{p95_length:.0f})",
                                  "rows above it are truncated", lambda b, s: act(b, 1 - shorter / d.max_length)))
     if t.loss == "full" and recipe_loss:
         chunks = recipe.training.loss_chunks
@@ -220,7 +221,8 @@ class Report:
 
     @property
     def fits(self) -> Optional[bool]:
-        return None if self.target is None else self.need_bytes <= self.usable_bytes
+        need, usable = self.need_bytes, self.usable_bytes
+        return None if need is None or usable is None else need <= usable
 
 
 def with_levers(report: Report) -> Report:

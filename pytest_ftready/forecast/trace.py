@@ -73,7 +73,8 @@ def checked_sizes(config, source: Optional[Path]):
                  *(standard for standard, own in aliases.items() if own == key)}
         if isinstance(raw, dict) and raw and "text_config" not in raw and not names & set(raw):
             raise TraceError(f"{where} lacks {key}: the forecast would use {type(config).__name__}'s default of "
-                             f"{getattr(config, key)!r}, another model's size; write this model's {key} into config.json")
+                             f"{getattr(config, key)!r}, another model's size; write this model's {key} "
+                             f"into config.json")
         value = getattr(config, key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise TraceError(f"{where} {key} = {value!r}: expected a positive whole number (the model's "
@@ -110,7 +111,8 @@ def _forecast_config(recipe):
     except Exception as exc:  # offline, not cached, gated, no such revision: all mean "no config"
         first = (str(exc).strip().splitlines() or [""])[0]
         raise ConfigUnavailable(f"config.json of {m.id}@{m.revision} is not cached and the hub cannot give it "
-                                f"({type(exc).__name__}: {first}); run once with network, or set [model] path") from None
+                                f"({type(exc).__name__}: {first}); run once with network, or set "
+                                f"[model] path") from None
     try:
         return AutoConfig.from_pretrained(str(Path(path).parent)), Path(path)
     except Exception as exc:  # noqa: BLE001 - a cached config.json its class refuses
@@ -214,7 +216,8 @@ def _optimizer(model, recipe, foreach: bool, notes: list[str]):
     modelled = storage.OPTIMIZER_MODELS.get(name)
     if modelled is not None:
         notes.append(modelled.note(name))
-        return make_optimizer(model, recipe, factory=storage.modelled_optimizer_factory(modelled, recipe.training.learning_rate))
+        return make_optimizer(model, recipe, factory=storage.modelled_optimizer_factory(modelled,
+                                                                                        recipe.training.learning_rate))
     optimizer = make_optimizer(model, recipe)
     if foreach and name in ("adamw", "sgd"):
         # on CUDA/ROCm torch's default is the multi-tensor (foreach) path, with its temporaries

@@ -93,7 +93,8 @@ class StepPath:
         return LOSSES[self.loss].traced(self)
 
 
-ACCELERATE_AMP = ("accelerate/accelerator.py prepare_model: model.forward = convert_outputs_to_fp32(autocast(forward)), "
+ACCELERATE_AMP = ("accelerate/accelerator.py prepare_model: model.forward = "
+                  "convert_outputs_to_fp32(autocast(forward)), "
                   "the mixed precision of every transformers.Trainer")
 
 
@@ -199,7 +200,8 @@ class TrlLogitsLoss(EngineLoss):
         with torch.no_grad():
             shifted = outputs.logits[..., :-1, :]
             mask = batch["labels"][..., 1:] != -100
-            (entropy_from_logits(shifted) * mask).sum(), ((shifted.argmax(dim=-1) == batch["labels"][..., 1:]) & mask).sum()
+            (entropy_from_logits(shifted) * mask).sum(), ((shifted.argmax(dim=-1) == batch["labels"][..., 1:])
+                                                          & mask).sum()
         return outputs.loss
 
 

@@ -126,7 +126,8 @@ def kernel_problem(row: dict, why: str, recipe, machine, device) -> str:
     if device.kind in ("cpu", "mps", "mlx"):
         if name == "bitsandbytes" and device.kind == "mps":
             modes = row["mps_modes"]
-            mode = "optim8" if recipe.training.optimizer in ("adamw_8bit", "paged_adamw", "paged_adamw_8bit") else recipe.model.quantization
+            mode = ("optim8" if recipe.training.optimizer in ("adamw_8bit", "paged_adamw", "paged_adamw_8bit")
+                    else recipe.model.quantization)
             if mode not in modes:
                 return (f"{why}: bitsandbytes on Apple GPUs supports {', '.join(modes)} only; use "
                         f"{row['instead']}")
@@ -141,7 +142,8 @@ def kernel_problem(row: dict, why: str, recipe, machine, device) -> str:
         if gpu.capability < low or (high and gpu.capability > high):
             span = f"exactly {row['cuda_min_cc']}" if high == low else f"{row['cuda_min_cc']} or newer"
             return (f"{why}: {name} needs compute capability {span}; {gpu_words(gpu)} lacks it: use {row['instead']}")
-        if name == "bitsandbytes" and recipe.model.quantization == "8bit" and gpu.capability < parse_cc(row["int8_min_cc"]):
+        if (name == "bitsandbytes" and recipe.model.quantization == "8bit"
+                and gpu.capability < parse_cc(row["int8_min_cc"])):
             return f"{why}: LLM.int8 needs compute capability {row['int8_min_cc']}; use quantization = \"4bit\""
     elif device.kind == "rocm":
         gpu = machine.gpus[0]

@@ -44,7 +44,8 @@ def resolve_device(machine: Machine, wanted: str) -> Device:
         ok = machine.host.os == "Darwin" and machine.host.machine == "arm64"
         return Device(kind="mlx", torch_device="cpu", name="Apple silicon (MLX)",
                       memory_total_bytes=machine.host.memory_total_bytes,
-                      missing="" if ok else f"MLX needs an Apple silicon Mac; this is {machine.host.os} {machine.host.machine}")
+                      missing="" if ok else f"MLX needs an Apple silicon Mac; this is {machine.host.os} "
+                      f"{machine.host.machine}")
     gpu = machine.gpus[0] if machine.gpus else None
     missing = "" if found == wanted else (
         f"the recipe asks for {wanted} but {no_accelerator_reason(machine)}" if found is None

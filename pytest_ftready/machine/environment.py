@@ -44,7 +44,8 @@ def suite_properties(machine: Machine) -> dict[str, str]:
                                              f"{gpu.memory_total_bytes} bytes")
     for name, k in machine.kernels:
         if k.version:
-            props[f"ftready.kernel.{name}"] = k.version + (f" (import fails: {k.import_error})" if k.import_error else "")
+            props[f"ftready.kernel.{name}"] = k.version + (f" (import fails: {k.import_error})" if k.import_error
+                                                           else "")
     for name, version in machine.packages:
         if version:
             props[f"ftready.pkg.{name}"] = version

@@ -77,7 +77,8 @@ class RealHub:
                 return self.cached(repo_id, revision)
             except HubUnavailable:
                 raise HubUnavailable(f"the hub did not answer for {repo_id}@{revision} "
-                                     f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+                                     f"({type(exc).__name__}: "
+                                     f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
         return ModelFiles(sha=info.sha, files=tuple((s.rfilename, s.size) for s in info.siblings or ()), source="hub")
 
     def cached(self, repo_id: str, revision: str) -> ModelFiles:

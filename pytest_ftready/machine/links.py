@@ -116,5 +116,5 @@ def slowest_link(per_rank: dict[int, GpuLinks]) -> tuple[Optional[int], LinkExpe
     if not known:
         first = next(iter(expectations.items()), (None, LinkExpectation(None, "unknown", "", "no GPU link figures")))
         return first
-    rank = min(known, key=lambda r: known[r].bytes_per_s)
+    rank = min(known, key=lambda r: known[r].bytes_per_s or 0.0)  # known: all set
     return rank, known[rank]

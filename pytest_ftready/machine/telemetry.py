@@ -47,11 +47,13 @@ class NvmlSource:
 
     def __init__(self, index: int = 0, nvml: Any = None) -> None:
         if nvml is None:
-            import pynvml as nvml
+            import pynvml
+
+            nvml = pynvml
         self.nvml = nvml
         nvml.nvmlInit()
         self.handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        self.missing = []
+        self.missing: list[str] = []
         self._readers = {
             "temperature_c": lambda h: nvml.nvmlDeviceGetTemperature(h, 0),  # NVML_TEMPERATURE_GPU
             "sm_clock_mhz": lambda h: nvml.nvmlDeviceGetClockInfo(h, 1),  # NVML_CLOCK_SM
@@ -88,7 +90,7 @@ class AmdSource:
         self.amdsmi = amdsmi
         amdsmi.amdsmi_init()
         self.handle = amdsmi.amdsmi_get_processor_handles()[index]
-        self.missing = []
+        self.missing: list[str] = []
 
     def read(self) -> dict[str, Any]:
         a, h, out = self.amdsmi, self.handle, {}
@@ -161,7 +163,8 @@ class Sampler:
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
         self.sample()
         self.elapsed_s = time.perf_counter() - self._start
 

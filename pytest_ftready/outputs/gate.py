@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from ..data.redaction import bare_secret, finding_values, redact_text
+from ..privacy.redaction import bare_secret, finding_values, redact_text
 from ..files import json_safe, os_error_advice, write_private
 from ..outcomes import Fail
 

@@ -111,7 +111,8 @@ def load_baseline(path: Path | str) -> Baseline:
     path = Path(path)
     if pseudo_file_system(path):
         raise BaselineError(f"ftready baseline {path} lies in a pseudo file system (/proc, /sys, /dev), not a run's "
-                            "figures; pass --ftready-baseline=PATH to a previous run's measurements.json or artifacts folder")
+                            "figures; pass --ftready-baseline=PATH to a previous run's measurements.json or "
+                            "artifacts folder")
     if path.is_dir():
         try:
             files = artifacts_files(path)

@@ -196,12 +196,13 @@ def memory(run: RecipeRun) -> str:
     peak = run.find(check, "peak_device_reserved", "peak_tensor_bytes")
     named = [("weights", "weights"), ("gradients", "trainable_parameters"), ("optimizer state", "optimizer_state"),
              ("activations and workspace (estimate)", "activations_and_workspace")]
-    parts = [(label, m.value) for label, name in named if (m := run.find(check, name)) is not None]
+    parts = [(label, float(m.value)) for label, name in named if (m := run.find(check, name)) is not None]
     if not parts:
         return _section("memory", "Memory", _absent(run, check, "memory breakdown"))
     capacity = run.find(check, "device_capacity")
     headroom = float(run.settings.get("hardware", {}).get("memory_headroom", 0.0))
-    chart = memory_bars(parts, peak.value if peak else None, capacity.value if capacity else None, headroom)
+    chart = memory_bars(parts, float(peak.value) if peak else None, float(capacity.value) if capacity else None,
+                        headroom)
     figures = [m for m in run.measurements if m.check == check and m.unit == "bytes"]
     note = ("<p>Gradients: one per trainable parameter (the trainable parameters' bytes). Activations and "
             "workspace: the peak less weights, gradients and optimizer state (an estimate).</p>")
@@ -271,7 +272,7 @@ def levers(run: RecipeRun) -> str:
     saves = [m for m in run.measurements if m.check == "levers.advice" and m.name.startswith("saves[")]
     if saves:
         body += "<h3>What each lever would save (estimates)</h3>" + _table(
-            ("lever", "saves"), [(esc(m.name[6:-1]), f"<span class='n'>{esc(human_bytes(m.value))}</span>")
+            ("lever", "saves"), [(esc(m.name[6:-1]), f"<span class='n'>{esc(human_bytes(float(m.value)))}</span>")
                                  for m in saves], (1,))
     return _section("levers", "Lever sweep", body)
 

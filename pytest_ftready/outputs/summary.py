@@ -78,7 +78,8 @@ def _recipe(run: RecipeRun, report: Optional[Path]) -> str:
 
 
 def append_step_summary(runs: list[RecipeRun], report_paths: Optional[dict[str, Path]] = None,
-                        environ: Optional[dict] = None, gate: Callable[[str], str] = lambda text: text) -> Optional[Path]:
+                        environ: Optional[dict] = None,
+                        gate: Callable[[str], str] = lambda text: text) -> Optional[Path]:
     """Append the summary to the file ``GITHUB_STEP_SUMMARY`` names, when it is set (through
     ``gate``, the session's output gate: a CI page never shows a secret found in data)."""
     target = (environ if environ is not None else os.environ).get(ENV_STEP_SUMMARY)

@@ -21,6 +21,7 @@ from pyrsistent import field as pfield
 
 from ..files import pseudo_file_system
 from ..kinds import KIND_NAMES
+from . import tables
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -33,7 +34,8 @@ HEX40 = re.compile(r"^[0-9a-f]{40}$")
 
 ONE_LINE = {c: f"\\x{c:02x}" for c in range(32)} | {10: "\\n", 13: "\\r", 9: "\\t"}
 MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of settings; more is a file passed by mistake
-MAX_NAME_CHARS = 100  # the name becomes a folder name (255 bytes at most on most file systems) and every test id's prefix
+# the name becomes a folder name (255 bytes at most on most file systems) and every test id's prefix
+MAX_NAME_CHARS = 100
 MAX_TEXT_CHARS = 4096  # any other string value
 SHOWN_CHARS = 80  # of a value quoted in an error
 # Every number the schema reads is bounded: past these a count or a length is no run's, and the
@@ -141,7 +143,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "micro_batch_size": _k("int", 1, "examples per forward pass", positive=True, most=1 << 20),
         "gradient_accumulation_steps": _k("int", 1, "micro-batches per optimizer step", positive=True, most=1 << 20),
         "learning_rate": _k("float", 2e-4, "peak learning rate", most=1e3),
-        "optimizer": _k("choice", "adamw", "optimizer", choices=("adamw", "adamw_8bit", "paged_adamw", "paged_adamw_8bit", "sgd", "adafactor")),
+        "optimizer": _k("choice", "adamw", "optimizer", choices=("adamw", "adamw_8bit", "paged_adamw",
+                                                                 "paged_adamw_8bit", "sgd", "adafactor")),
         "lr_scheduler": _k("choice", "linear", "schedule after warm-up", choices=("linear", "cosine", "constant")),
         "warmup_steps": _k("int", 0, "linear warm-up steps", most=1 << 40),
         "weight_decay": _k("float", 0.0, "AdamW weight decay", most=1e3),
@@ -161,12 +164,15 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "loss": _k("choice", "full", "how the loss meets the vocabulary: full logits, chunked (loss_chunks pieces), "
                    "fused_linear (Liger's fused linear cross-entropy) or cut_cross_entropy (Apple's CCE)",
                    choices=("full", "chunked", "fused_linear", "cut_cross_entropy")),
-        "loss_chunks": _k("int", 8, "pieces the chunked loss computes logits for, one at a time", positive=True, most=1 << 20),
+        "loss_chunks": _k("int", 8, "pieces the chunked loss computes logits for, one at a time", positive=True,
+                          most=1 << 20),
         "loss_dtype": _k("choice", "float32", "dtype the full or chunked loss computes its logits and cross-entropy "
                          "in: float32 (upcast first, as transformers' loss does) or compute (the model's dtype, "
                          "as litgpt's bfloat16 chunked cross-entropy)", choices=("float32", "compute")),
-        "optimizer_in_backward": _k("bool", False, "step each parameter's optimizer in its gradient hook (no whole-model gradients held)"),
-        "activation_offloading": _k("bool", False, "saved activations moved to host memory between forward and backward"),
+        "optimizer_in_backward": _k("bool", False, "step each parameter's optimizer in its gradient hook (no "
+                                    "whole-model gradients held)"),
+        "activation_offloading": _k("bool", False, "saved activations moved to host memory between forward "
+                                    "and backward"),
         "trainable": _k("strs", [], "full fine-tune of only the parameters whose names match these regexes "
                         "(freeze / unfrozen_parameters); [] = every parameter"),
         "eval_batch_size": _k("int", 0, "examples per evaluation forward pass (per_device_eval_batch_size); "
@@ -233,12 +239,14 @@ SCHEMA: dict[str, dict[str, Key]] = {
     # Multi-GPU readiness (checks/distributed.py, issue 17): the checks apply to recipes with this table.
     "distributed": {
         "world_size": _k("int", 0, "processes (GPUs) per node; 0 = the visible GPUs (1 on a CPU)", most=1 << 16),
-        "strategy": _k("choice", "ddp", "data parallel: ddp (replicas) or fsdp (FSDP2 fully_shard)", choices=("ddp", "fsdp")),
+        "strategy": _k("choice", "ddp", "data parallel: ddp (replicas) or fsdp (FSDP2 fully_shard)",
+                       choices=("ddp", "fsdp")),
         "backend": _k("choice", "auto", "torch.distributed backend; auto = nccl on GPUs, gloo on the CPU",
                       choices=("auto", "nccl", "gloo")),
         "nnodes": _k("int", 1, "machines in the job (each runs the same command)", positive=True, most=1 << 16),
         "rdzv_endpoint": _k("str", "", "host:port of the rendezvous; required with nnodes > 1"),
-        "timeout_s": _k("float", 300.0, "seconds a collective, or a rank without progress, may wait before the job fails",
+        "timeout_s": _k("float", 300.0, "seconds a collective, or a rank without progress, may wait before "
+                        "the job fails",
                         positive=True, most=MOST_SECONDS),
         "min_bandwidth_share": _k("share", 0.25, "large-message bus bandwidth below this share of the link's fails"),
         "zero_stage": _k("int", 0, "DeepSpeed ZeRO stage the trainer's config names (0 = none; 1 optimizer states, "
@@ -251,33 +259,35 @@ TOP_KEYS = {"name": _k("str", "", "recipe name; default: the file stem")}
 SCAN_KINDS = ("secrets", "pii")
 
 
-def _record_class(table: str, keys: dict[str, Key]) -> type:
-    fields = {name: pfield() for name in keys}
-    return type(f"{table.capitalize()}Table", (PRecord,), fields)
+def _record_class(table: str, keys: dict[str, Key]) -> type[PRecord]:
+    # a subclass of the table's generated class (recipe/tables.py), so its type is what a type checker reads
+    fields: dict[str, Any] = {name: pfield() for name in keys}
+    return type(f"{table.capitalize()}Table", (tables.TABLE_TYPES[table],), fields)
 
 
 TABLE_CLASSES = {table: _record_class(table, keys) for table, keys in SCHEMA.items()}
 
 
 class Recipe(PRecord):
-    """The frozen recipe: ``recipe.data.max_length``, ``recipe.model.path`` ..."""
+    """The frozen recipe: ``recipe.data.max_length``, ``recipe.model.path`` ... (the tables' types:
+    ``recipe/tables.py``, generated from SCHEMA)."""
 
     name = pfield(type=str)
-    source = pfield()  # Path of the TOML file
-    folder = pfield()  # Path the relative paths were resolved against
-    model = pfield()
-    data = pfield()
-    adapter = pfield()
-    training = pfield()
-    hardware = pfield()
-    budget = pfield()
-    checks = pfield()
-    pins = pfield()
-    privacy = pfield()
-    export = pfield()
-    origin = pfield(initial=None)  # importers.Translation when read from a trainer's config, else None
-    distributed = pfield()
-    declared = pfield()  # frozenset of the tables written in the file (the rest are defaults)
+    source: Path = pfield()  # the TOML file
+    folder: Path = pfield()  # the folder the relative paths were resolved against
+    model: tables.ModelTable = pfield()
+    data: tables.DataTable = pfield()
+    adapter: tables.AdapterTable = pfield()
+    training: tables.TrainingTable = pfield()
+    hardware: tables.HardwareTable = pfield()
+    budget: tables.BudgetTable = pfield()
+    checks: tables.ChecksTable = pfield()
+    pins: tables.PinsTable = pfield()
+    privacy: tables.PrivacyTable = pfield()
+    export: tables.ExportTable = pfield()
+    origin: Any = pfield(initial=None)  # importers.Translation when read from a trainer's config, else None
+    distributed: tables.DistributedTable = pfield()
+    declared: frozenset[str] = pfield()  # frozenset of the tables written in the file (the rest are defaults)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-ready form (paths as strings) for artifacts."""
@@ -315,7 +325,7 @@ def _exists(path: Path) -> bool:
         return False
 
 
-def _shown(text: str) -> str:
+def _shown(text: object) -> str:
     return _clip(repr(text), SHOWN_CHARS)
 
 
@@ -347,9 +357,11 @@ class _Parser:
             return raw
         if kind == "int":
             if isinstance(raw, bool) or not isinstance(raw, int):
-                raise self.fail(where, f"expected {'a positive' if key.positive else 'a non-negative'} integer, got {_describe(raw)}")
+                raise self.fail(where, f"expected {'a positive' if key.positive else 'a non-negative'} integer, got "
+                                f"{_describe(raw)}")
             if raw < (1 if key.positive else 0):
-                raise self.fail(where, f"expected {'a positive' if key.positive else 'a non-negative'} integer, got {raw}")
+                raise self.fail(where, f"expected {'a positive' if key.positive else 'a non-negative'} "
+                                f"integer, got {raw}")
             return self.at_most(where, raw, key, MOST_INT)
         if kind in ("float", "share"):
             if isinstance(raw, bool) or not isinstance(raw, (int, float)):
@@ -396,7 +408,8 @@ class _Parser:
         if kind == "skip":
             return self.skip_value(where, raw)
         if kind == "limits":
-            if not isinstance(raw, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf
+            if not isinstance(raw, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                    and 0 < v < math.inf
                                                     and v <= MOST_SECONDS for v in raw.values()):
                 raise self.fail(where, f'expected check ids with positive seconds up to {MOST_SECONDS:,.0f}, e.g. '
                                 '{ "lifecycle.resume" = 600 }, '
@@ -431,11 +444,13 @@ class _Parser:
         if key.must_exist and not exists:
             raise self.fail(where, f"{_shown(raw)} does not exist (looked for {_clip(str(resolved), 300)}); "
                             "fix the path, relative to the recipe's folder")
-        if key.must_exist and not (resolved.is_file() or resolved.is_dir()):  # reading a FIFO blocks, a device never ends
+        # reading a FIFO blocks, a device never ends
+        if key.must_exist and not (resolved.is_file() or resolved.is_dir()):
             raise self.fail(where, f"{_shown(raw)} is not a regular file (a FIFO, socket or device): write it to a "
                             "file on disk and point the recipe at that file")
         if pseudo_file_system(resolved):
-            raise self.fail(where, f"{_shown(raw)} lies in a pseudo file system (/proc, /sys, /dev: a process's memory, "
+            raise self.fail(where, f"{_shown(raw)} lies in a pseudo file system (/proc, /sys, /dev: a "
+                            f"process's memory, "
                             "a device or a kernel table), not a file of yours: point it at a regular file or folder")
         return resolved
 
@@ -554,7 +569,8 @@ def _cross_checks(parser: _Parser, t: dict[str, PRecord]) -> None:
     _regex(parser, "[training] trainable", training.trainable,
            "each is searched in parameter names, e.g. \"model\\.layers\\.(30|31)\\.\"")
     if adapter.method == "lora" and not adapter.target_modules and not adapter.target_regex:
-        raise parser.fail("[adapter] target_modules", "expected at least one module name, e.g. [\"q_proj\", \"v_proj\"]")
+        raise parser.fail("[adapter] target_modules", "expected at least one module name, e.g. "
+                          "[\"q_proj\", \"v_proj\"]")
     if training.optimizer_in_backward and training.gradient_accumulation_steps > 1:
         raise parser.fail("[training] optimizer_in_backward", "steps each parameter as soon as its gradient exists, "
                           "so it cannot accumulate gradients over micro-batches: write gradient_accumulation_steps "
@@ -582,7 +598,8 @@ def _cross_checks(parser: _Parser, t: dict[str, PRecord]) -> None:
     pins = t["pins"].packages
     bad_pins = [k for k, v in pins.items() if not isinstance(v, str)]
     if bad_pins:
-        raise parser.fail(f"[pins] packages.{bad_pins[0]}", f"expected a version string like \"2.5.1\", got {_describe(pins[bad_pins[0]])}")
+        raise parser.fail(f"[pins] packages.{bad_pins[0]}", f"expected a version string like \"2.5.1\", got "
+                          f"{_describe(pins[bad_pins[0]])}")
 
 
 def _regex(parser: _Parser, where: str, patterns: Any, example: str) -> None:
@@ -601,7 +618,8 @@ def _distributed_checks(parser: _Parser, t: dict[str, PRecord]) -> None:
         raise parser.fail("[distributed] backend", f"nccl needs CUDA/ROCm GPUs but [hardware] device = \"{device}\"; "
                           "write backend = \"gloo\" (or \"auto\") to run the ranks on the CPU")
     if d.zero_stage > 3:
-        raise parser.fail("[distributed] zero_stage", f"expected 0, 1, 2 or 3 (DeepSpeed ZeRO stages), got {d.zero_stage}")
+        raise parser.fail("[distributed] zero_stage", f"expected 0, 1, 2 or 3 (DeepSpeed ZeRO stages), got "
+                          f"{d.zero_stage}")
     if d.nnodes > 1 and not re.fullmatch(r"\[?[A-Za-z0-9_.:-]+\]?:\d+", d.rdzv_endpoint):
         raise parser.fail("[distributed] rdzv_endpoint", f"nnodes = {d.nnodes} needs the rendezvous as \"host:port\" "
                           f"reachable from every node (e.g. \"node0.cluster:29400\"), got {d.rdzv_endpoint!r}")

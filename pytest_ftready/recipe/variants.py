@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from .schema import Recipe, RecipeError, with_changes
 
@@ -17,7 +17,7 @@ class Variant:
     recipe_path: Path
     changes: tuple[tuple[str, Any], ...] = ()  # (key as written, value), in the marker's order
     id: str = ""
-    recipe: Recipe = field(default=None, compare=False, hash=False)  # the validated variant
+    recipe: Optional[Recipe] = field(default=None, compare=False, hash=False)  # the validated variant
 
 
 def value_id(value: Any) -> str:

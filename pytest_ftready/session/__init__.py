@@ -4,5 +4,5 @@ encoded data, model, the measured step, the overfit, the saved checkpoint, the s
 sustained run) are computed on demand, once, with failures remembered; and the
 ``CheckContext`` a check body receives.
 
-Imports the recipe, data path, engine, machine and outputs; never a check module or
+Imports the recipe, data path, privacy, engine, machine and outputs; never a check module or
 pytest."""

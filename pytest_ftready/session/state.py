@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..machine.devices import Device, resolve_device
 from ..machine.probes import Machine
@@ -19,6 +19,22 @@ from ..outcomes import Fail, out_of_memory
 from ..outputs.gate import Gate
 from ..outputs.measurements import Measurement
 from .facts import computed, fact
+
+if TYPE_CHECKING:  # the facts' types; their modules import torch or transformers, so only for type checkers
+    import datasets
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from ..data.digest import DataDigest, Plan
+    from ..data.encoding import Encoder
+    from ..engine.distributed.jobs import DistributedJobs
+    from ..engine.overfit import OverfitResult
+    from ..engine.step import EvalMeasurement, StepMeasurement
+    from ..engine.sustained_run import SustainedRun
+    from ..forecast.levers import Lever, Report
+    from ..machine.hub import Hub, ModelFiles
+    from ..privacy.audit import ScanResult
+    from ..trainers.base import Pipeline, PipelineInputs, ResumeRun, RunInputs, SavedRun, Trainer
+    from ..trainers.worker import InterruptedResume
 
 OTHER_CHUNK_BYTES = 16 * 2**20  # a chunk of rows for a pipeline other than the built-in encoder
 CPU_SHORT_SECONDS = 10.0  # --ftready-cpu-short caps the sustained window
@@ -38,8 +54,10 @@ class RunState:
     telemetry_factory: Optional[Callable[..., Any]] = None  # (device, machine) -> (sources, missing); tests: fake NVML
     progress: Optional[Callable[[str], None]] = None  # a line for the terminal while long work runs
     pipeline_hook: Optional[Callable[..., Any]] = None  # (recipe, tokenizer) -> the team's pipeline or None
-    trainer_hook: Optional[Callable[[], Any]] = None  # () -> trainers.conftest.OwnTrainerHook, or None where none is implemented
-    data_workers: Optional[int] = None  # processes for the data pass and the privacy scan (--ftready-workers); None: by CPUs and data size
+    # () -> trainers.conftest.OwnTrainerHook, or None where none is implemented
+    trainer_hook: Optional[Callable[[], Any]] = None
+    # processes for the data pass and the privacy scan (--ftready-workers); None: by CPUs and data size
+    data_workers: Optional[int] = None
     regression: Optional[Any] = None  # outputs.regression.RegressionGate when a baseline is given
     loaded: dict[Path, Any] = field(default_factory=dict)  # recipe file -> its Recipe, or the RecipeError reading it
     recipes: dict[Path, "RecipeState"] = field(default_factory=dict)
@@ -52,7 +70,7 @@ class RunState:
         return self.machine_factory()
 
     @cached_property
-    def hub(self):
+    def hub(self) -> Hub:
         from ..machine.hub import RealHub
 
         return self.hub_factory() if self.hub_factory else RealHub()
@@ -222,30 +240,32 @@ class RecipeState:
             source = self.recipe.model.path or f"{self.recipe.model.id}@{self.recipe.model.revision}"
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             if out_of_memory(exc):
-                raise Fail(f"out of memory loading the {what} from {source} on {self.device.name}: {out_of_memory(exc)} "
+                raise Fail(f"out of memory loading the {what} from {source} on {self.device.name}: "
+                           f"{out_of_memory(exc)} "
                            "(a smaller dtype or [model] quantization = \"4bit\" lowers what loading needs)") from None
             raise Fail(f"cannot load the {what} from {source}: {type(exc).__name__}: {first}") from None
 
     # ---- the model and the data ------------------------------------------------------------
     @fact
-    def tokenizer(self):
+    def tokenizer(self) -> PreTrainedTokenizerBase:
         """The recipe's tokenizer with its chat template override."""
         from ..engine.loading import load_tokenizer
 
         return self._load("tokenizer", lambda: load_tokenizer(self.recipe))
 
     @fact
-    def model(self):
+    def model(self) -> PreTrainedModel:
         """The base model on the recipe's device, loaded once per recipe per session."""
         from ..engine.loading import load_model
 
         device = self.torch_device
-        return self.run.base_model(self.recipe, device, lambda: self._load("model", lambda: load_model(self.recipe, device)))
+        return self.run.base_model(self.recipe, device, lambda: self._load("model",
+                                                                           lambda: load_model(self.recipe, device)))
 
-    def shared_base(self):
+    def shared_base(self) -> PreTrainedModel:
         return self.model
 
-    def data_plan(self):
+    def data_plan(self) -> Plan:
         """How the data pass reads rows and how much of them it keeps (data.digest.Plan): enough
         trainable examples from the start for every check that trains (overfit, resume, the
         distributed job) and the longest ones for the worst-case batch."""
@@ -257,10 +277,11 @@ class RecipeState:
         per_step = t.micro_batch_size * ranks
         return Plan(format=data.format, train_on=data.train_on, roles=tuple(sorted((data.roles or {}).items())),
                     sample=data.sample, keep_rows=256,
-                    keep_first=max(256, c.overfit_examples, per_step * t.gradient_accumulation_steps * (c.resume_steps + 2)),
+                    keep_first=max(256, c.overfit_examples, per_step * t.gradient_accumulation_steps
+                                   * (c.resume_steps + 2)),
                     keep_longest=max(8, per_step))
 
-    def encoding_plan(self):
+    def encoding_plan(self) -> Plan:
         """``data_plan`` for a pass that encodes: rows holding the tokenizer's special tokens as text are marked."""
         from dataclasses import replace
 
@@ -269,14 +290,14 @@ class RecipeState:
         return replace(self.data_plan(), reserved=reserved_tokens(self.tokenizer))
 
     @fact
-    def rows(self):
+    def rows(self) -> DataDigest:
         """Every row of every training file read and shaped, no tokenizer needed
         (data.digest.DataDigest, its reading part)."""
         return self._data_pass(encoding=False)
 
-    def _data_pass(self, encoding: bool):
+    def _data_pass(self, encoding: bool) -> DataDigest:
         """One streaming pass over the training files (data.passes.run_pass), in worker processes
-        when the data is large and the pipeline's encoder can travel to them."""
+        when the data is large and the pipeline's encoder can be sent to them (pickled)."""
         from ..data.passes import PassFailed, run_pass, workers_for
 
         files, options = self.recipe.data.train, {}
@@ -284,10 +305,11 @@ class RecipeState:
             pipeline = self.pipeline
             if pipeline.encoder is not None:
                 options["encoder"] = pipeline.encoder
-            else:  # the team's function or a trainer's: in this process, in large chunks (TRL starts a trainer per chunk)
+            else:  # the team's function or a trainer's: here, in large chunks (TRL starts a trainer per chunk)
                 options.update(self._encoding())
-        travels = not encoding or "encoder" in options
-        workers = workers_for(self.run.data_workers, files, encoding) if travels else 1
+        # a team's or a trainer's encode function stays in this process (it may not pickle)
+        in_workers = not encoding or "encoder" in options
+        workers = workers_for(self.run.data_workers, files, encoding) if in_workers else 1
         try:
             plan = self.encoding_plan() if encoding else self.data_plan()
             return run_pass(files, plan, workers=workers, progress=self.progress, **options)
@@ -305,7 +327,7 @@ class RecipeState:
         return {"encode": lambda pairs: pipeline.encode([row for row, _ in pairs]), "chunk_bytes": OTHER_CHUNK_BYTES}
 
     @fact
-    def dataset(self):
+    def dataset(self) -> datasets.Dataset:
         """Every trainable example as the recipe's pipeline makes it, written chunk by chunk to an
         Arrow file in this run's scratch folder and opened memory-mapped (a ``datasets.Dataset`` of
         ``input_ids``, ``attention_mask``, ``labels`` and ``where``): rows never all in memory."""
@@ -322,7 +344,7 @@ class RecipeState:
         return datasets.Dataset.from_file(str(path))
 
     @fact
-    def stop_ids(self) -> frozenset:
+    def stop_ids(self) -> frozenset[int]:
         """The end-of-turn token ids the labels must train: EOS and the recipe's stop tokens."""
         from ..data.encoding import stop_token_ids
         from ..engine.loading import generation_eos_ids
@@ -333,8 +355,8 @@ class RecipeState:
             raise Fail(str(exc)) from None
 
     @fact
-    def encoder(self):
-        """The one encoder for this recipe's tokenizer and [data] table."""
+    def encoder(self) -> Encoder:
+        """The built-in encoder for this recipe's tokenizer and [data] table (data.encoding.Encoder)."""
         from ..data.encoding import Encoder
 
         try:
@@ -344,7 +366,7 @@ class RecipeState:
 
     # ---- the trainer: whose preprocessing and whose step the checks run ----------------------
     @fact
-    def trainer(self):
+    def trainer(self) -> Trainer:
         """The recipe's trainer (trainers.base.Trainer): the team's own Trainer where a conftest
         implements ``pytest_ftready_trainer``; else the one [data] pipeline names, the config's
         own trainer where it is installed, else the built-in engine."""
@@ -353,7 +375,7 @@ class RecipeState:
         return select_trainer(self.recipe, self.run.trainer_hook() if self.run.trainer_hook is not None else None)
 
     @fact
-    def pipeline(self):
+    def pipeline(self) -> Pipeline:
         """What makes the training examples: the team's (``pytest_ftready_pipeline`` hook), else
         the recipe's trainer's."""
         from ..trainers.base import as_pipeline
@@ -364,23 +386,24 @@ class RecipeState:
             return self.trainer.pipeline(self.pipeline_inputs())
         return as_pipeline(provided, self.recipe, self.tokenizer, self.stop_ids)
 
-    def pipeline_inputs(self):
+    def pipeline_inputs(self) -> PipelineInputs:
         """What the recipe's trainer builds its pipeline from (trainers.base.PipelineInputs)."""
         from ..trainers.base import PipelineInputs
 
         return PipelineInputs(self.recipe, self.tokenizer, self.stop_ids, self.device, lambda: self.scratch,
                               lambda: self.encoder)
 
-    def run_inputs(self):
+    def run_inputs(self) -> RunInputs:
         """What the recipe's trainer's runs are handed (trainers.base.RunInputs): made when a run
         starts, with the examples, the shared base model and this check's timer."""
         from ..trainers.base import RunInputs
 
-        return RunInputs(self.recipe, self.tokenizer, self.stop_ids, self.device, lambda: self.scratch, lambda: self.encoder,
+        return RunInputs(self.recipe, self.tokenizer, self.stop_ids, self.device, lambda: self.scratch,
+                         lambda: self.encoder,
                          examples=tuple(self.training_examples()), pad_id=self.tokenizer.pad_token_id,
                          base=self.shared_base, progress=self.progress, timer=self.timer)
 
-    def _engine(self):
+    def _engine(self) -> Optional[Trainer]:
         """The built-in engine as a trainer; None when it is the recipe's own trainer."""
         from ..trainers import ENGINE, trainer_named
 
@@ -395,7 +418,7 @@ class RecipeState:
                 "step_trainer": trainer.step_trainer}
 
     @fact
-    def digest(self):
+    def digest(self) -> DataDigest:
         """Every usable row as the recipe's pipeline makes it, kept as a data.digest.DataDigest:
         counts, length arrays, the first places of each problem, bounded samples."""
         try:
@@ -423,12 +446,12 @@ class RecipeState:
 
     # ---- what the engine measures ------------------------------------------------------------
     @fact
-    def step(self):
+    def step(self) -> StepMeasurement:
         """The worst-case training step as the recipe's trainer runs it (engine.step.StepMeasurement)."""
         return self.trainer.step(self.run_inputs())
 
     @fact
-    def engine_step(self):
+    def engine_step(self) -> StepMeasurement:
         """The built-in engine's worst-case step, the one every trainer's is shown beside."""
         engine = self._engine()
         return self.step if engine is None else engine.step(self.run_inputs())
@@ -445,7 +468,7 @@ class RecipeState:
         return held_out + run_pass(data.eval, self.data_plan(), progress=self.progress).rows
 
     @fact
-    def eval_step(self):
+    def eval_step(self) -> EvalMeasurement:
         """The worst-case evaluation forward, measured by the built-in engine (engine.step.EvalMeasurement)."""
         from ..engine.step import measure_eval_step
 
@@ -455,29 +478,29 @@ class RecipeState:
                                  capacity_bytes=device.memory_total_bytes, count_tensors=not device.is_accelerator)
 
     @fact
-    def overfit(self):
+    def overfit(self) -> OverfitResult:
         """The trainer's overfit of the first ``overfit_examples`` examples (engine.overfit.OverfitResult)."""
         return self.trainer.overfit(self.run_inputs())
 
     @fact
-    def engine_overfit(self):
+    def engine_overfit(self) -> OverfitResult:
         """The built-in engine's overfit of the same examples."""
         engine = self._engine()
         return self.overfit if engine is None else engine.overfit(self.run_inputs())
 
     @fact
-    def saved_run(self):
+    def saved_run(self) -> SavedRun:
         """The trainer's straight run and its checkpoint at half the steps (trainers.base.SavedRun)."""
         return self.trainer.saved_run(self.rehearsal_inputs())
 
     @fact
-    def resume_run(self):
+    def resume_run(self) -> ResumeRun:
         """The trainer's resume of ``saved_run`` in a fresh process (trainers.base.ResumeRun)."""
         from ..trainers.worker import resume
 
         return resume(self.trainer, self.rehearsal_inputs(), self.saved_run)
 
-    def rehearsal_inputs(self):
+    def rehearsal_inputs(self) -> RunInputs:
         """``run_inputs`` with the resume rehearsal's recipe (trainers.base.rehearsal_recipe: its
         accumulation bounded; the fresh process bounds it the same way)."""
         from dataclasses import replace
@@ -487,7 +510,7 @@ class RecipeState:
         return replace(self.run_inputs(), recipe=rehearsal_recipe(self.recipe))
 
     @fact
-    def interrupted_saves(self):
+    def interrupted_saves(self) -> list[InterruptedResume]:
         """The save after ``saved_run``'s checkpoint killed before each file, and what the trainer's
         resume did each time (trainers.worker.InterruptedResume)."""
         from ..trainers.worker import interrupted_saves
@@ -495,7 +518,7 @@ class RecipeState:
         return interrupted_saves(self.trainer, self.run_inputs(), self.saved_run)
 
     @fact
-    def sustained(self):
+    def sustained(self) -> SustainedRun:
         """The recipe's step trained for the sustained window with telemetry (engine.sustained_run)."""
         from ..engine.sustained_run import run_sustained
         from ..machine.telemetry import sources_for
@@ -510,7 +533,7 @@ class RecipeState:
                              self.shared_base, warmup_s, total_s, window_s, sources, missing, progress=self.progress)
 
     @fact
-    def memory_forecast(self):
+    def memory_forecast(self) -> Report:
         """The worst-case step's peak memory forecast from the model config alone, judged against
         the recipe's target (forecast.levers.Report)."""
         from ..forecast.levers import forecast_report
@@ -534,9 +557,9 @@ class RecipeState:
             raise Skip(str(exc)) from None
 
     @fact
-    def levers(self):
-        """The levers this recipe can pull, each with its saving (forecast.levers, the one lever
-        model): traced by the forecast where it runs, estimated from the measured step's
+    def levers(self) -> list[Lever]:
+        """The levers this recipe can pull, each with its saving (forecast.levers, the lever
+        model the forecast shares): traced by the forecast where it runs, estimated from the measured step's
         breakdown where it cannot (no config here, a step that cannot be traced)."""
         from ..forecast.levers import ModelShape, estimated_levers, with_levers
         from ..outcomes import Skip
@@ -549,7 +572,7 @@ class RecipeState:
                                     self.length_p95)
 
     @fact
-    def distributed_jobs(self):
+    def distributed_jobs(self) -> DistributedJobs:
         """The recipe's torchrun jobs (engine.distributed.jobs.DistributedJobs), planned once; the
         distributed checks share its launches."""
         from ..engine.distributed.jobs import DistributedJobs, plan, visible_gpus
@@ -561,30 +584,31 @@ class RecipeState:
         except ValueError as exc:
             raise Fail(str(exc)) from None
         if resolved.total_ranks <= 1:
-            raise Skip(f"[distributed] world_size resolves to 1 here ({'1 GPU' if device.is_accelerator else 'no GPU visible'}); "
+            raise Skip(f"[distributed] world_size resolves to 1 here "
+                       f"({'1 GPU' if device.is_accelerator else 'no GPU visible'}); "
                        "write world_size = 2 with backend = \"gloo\" to rehearse the job on the CPU")
         return DistributedJobs(self.recipe, resolved, self.artifacts / "distributed", self.training_examples(),
                                self.tokenizer.pad_token_id, self.recipe.checks.resume_steps, progress=self.progress)
 
     # ---- what the hub and the files say --------------------------------------------------------
     @fact
-    def model_files(self):
+    def model_files(self) -> ModelFiles:
         """The model's files with their sizes (hub metadata, cache, or the local folder)."""
         from ..machine.hub import HubUnavailable, folder_files
         from ..outcomes import Skip
 
         recipe = self.recipe
         if recipe.model.path:
-            return folder_files(recipe.model.path)
+            return folder_files(Path(recipe.model.path))
         try:
             return self.run.hub.model_files(recipe.model.id, recipe.model.revision, self.run.hub_timeout_s)
         except HubUnavailable as exc:
             raise Skip(f"{exc}; set HF_HUB_OFFLINE=0 with network, or download the model first") from None
 
     @fact
-    def scan(self):
-        """One scan of the training data and [privacy] scan_paths for every category (data.audit.ScanResult)."""
-        from ..data.audit import scan_paths
+    def scan(self) -> ScanResult:
+        """One scan of the training data and [privacy] scan_paths for every category (privacy.audit.ScanResult)."""
+        from ..privacy.audit import scan_paths
         from ..data.passes import PassFailed
 
         try:
@@ -600,7 +624,8 @@ class RecipeState:
         return computed(self, name)
 
     # ---- results ------------------------------------------------------------------------------
-    def record(self, check: str, name: str, value: Any, unit: str, estimate: bool = False, case: str = "") -> Measurement:
+    def record(self, check: str, name: str, value: Any, unit: str, estimate: bool = False,
+               case: str = "") -> Measurement:
         m = Measurement(recipe=self.label, check=check, name=name, value=value, unit=unit, estimate=estimate,
                         case=case)
         self.run.measurements.append(m)

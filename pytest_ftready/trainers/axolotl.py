@@ -98,7 +98,8 @@ UNTRACKED = {"use_wandb": False, "wandb_project": None, "use_mlflow": False, "ml
 # What an error Axolotl raises on this machine says it needs, and how the skip names it.
 NEEDS = (("bitsandbytes", "bitsandbytes with a CUDA GPU (an 8-bit or paged optimizer, 4/8-bit loading)"),
          ("flash_attn", "flash-attn on a CUDA GPU"), ("flashattention", "flash-attn on a CUDA GPU"),
-         ("triton", "triton on a GPU"), ("cuda", "a CUDA GPU"), ("nccl", "a CUDA GPU"), ("liger", "a GPU (Liger kernels)"),
+         ("triton", "triton on a GPU"), ("cuda", "a CUDA GPU"), ("nccl", "a CUDA GPU"),
+         ("liger", "a GPU (Liger kernels)"),
          ("cut_cross_entropy", "a GPU (Cut Cross-Entropy)"))
 
 

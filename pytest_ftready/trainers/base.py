@@ -69,7 +69,8 @@ class FunctionPipeline(Pipeline):
                 failed = f"the {self.name} pipeline failed: {type(exc).__name__}: {exc}"
                 out.append(Encoded(row, (), (), self.method, 0, 0, (("render_error", failed),)))
                 continue
-            problems = judge_labels(self.tok, read_sample(row, data.format, data.train_on, data.roles)[0], data.train_on, ids, labels, self.stop_ids,
+            problems = judge_labels(self.tok, read_sample(row, data.format, data.train_on, data.roles)[0],
+                                    data.train_on, ids, labels, self.stop_ids,
                                     max_length=data.max_length)
             trained = sum(1 for label in labels if label != IGNORE_INDEX)
             out.append(Encoded(row, tuple(ids), tuple(labels), self.method, len(ids), trained, tuple(problems)))
@@ -174,7 +175,8 @@ class Bounds:
         """The resume rehearsal's run: ``steps`` steps, a checkpoint at half; where the recipe's
         accumulation is bounded (``rehearsal_recipe``), the bounded count in the trainer's keys."""
         bounded = recipe is not None and recipe.training.gradient_accumulation_steps >= REHEARSAL_ACCUMULATION
-        return cls(steps, save_steps=steps // 2, gradient_accumulation_steps=REHEARSAL_ACCUMULATION if bounded else None)
+        return cls(steps, save_steps=steps // 2, gradient_accumulation_steps=REHEARSAL_ACCUMULATION if bounded
+                   else None)
 
 
 # Micro-batches per optimizer step of the resume rehearsal, at most: what a resume restores (weights,
@@ -320,7 +322,8 @@ class ResumeRequest:
                            if self.device.get("capability") else None})
         tokenizer = load_tokenizer(recipe)
         base = lru_cache(maxsize=1)(lambda: load_model(recipe, device.torch_device))
-        return RunInputs(recipe, tokenizer, frozenset(), device, lambda: Path(self.folder), pad_id=tokenizer.pad_token_id,
+        return RunInputs(recipe, tokenizer, frozenset(), device, lambda: Path(self.folder),
+                         pad_id=tokenizer.pad_token_id,
                          base=base)
 
 
@@ -359,8 +362,8 @@ class Trainer:
         raise NotImplementedError
 
     def resume_here(self, request: ResumeRequest, recipe) -> list[StepLog]:  # pragma: no cover - interface
-        """In the fresh process (``worker.resume`` starts it): resume ``request.checkpoint`` and train to ``request.steps``;
-        the logs of the steps trained after the resume."""
+        """In the fresh process (``worker.resume`` starts it): resume ``request.checkpoint`` and train to
+        ``request.steps``; the logs of the steps trained after the resume."""
         raise NotImplementedError
 
     def difference(self, saved: SavedRun, resumed: Sequence[StepLog]) -> str:  # pragma: no cover - interface
@@ -373,7 +376,8 @@ class Trainer:
         steps = resume_steps(inputs.recipe)
         inputs.progress(f"lifecycle.resume: {steps} steps of {self.label}, a checkpoint at step {steps // 2}"
                         + (f" ({REHEARSAL_ACCUMULATION} micro-batches a step)"
-                           if inputs.recipe.training.gradient_accumulation_steps == REHEARSAL_ACCUMULATION else ""), True)
+                           if inputs.recipe.training.gradient_accumulation_steps == REHEARSAL_ACCUMULATION else ""),
+                        True)
         return steps, resume_examples(inputs.recipe, inputs.examples, steps)
 
     def resume_files(self, checkpoint: Path) -> list[str]:  # pragma: no cover - interface

@@ -119,7 +119,7 @@ class ConftestTrainer(hf.HFTrainer):
         self.built_class = ""  # the class of the Trainer the hook built, once it has built one
 
     @property
-    def step_trainer(self) -> str:  # "conftest SFTTrainer": named by what the hook returned
+    def step_trainer(self) -> str:  # type: ignore[override]  # "conftest SFTTrainer": named by what the hook returned
         return f"{CONFTEST} {self.built_class or 'Trainer'}"
 
     def pipeline(self, inputs: PipelineInputs) -> Pipeline:

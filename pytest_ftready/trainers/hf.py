@@ -279,7 +279,8 @@ def resume_difference(straight: Sequence[StepLog], resumed: Sequence[StepLog], c
     before = straight[half - 1].tokens if half else 0
     # a trainer may restore its token count on resume or start it again from 0
     counted = before if resumed and after and resumed[0].tokens == after[0].tokens else 0
-    tokens = [(s.step, a, b) for s, a, b in zip(after, _tokens_per_step(after, before), _tokens_per_step(resumed, counted))
+    tokens = [(s.step, a, b) for s, a, b in zip(after, _tokens_per_step(after, before),
+                                                _tokens_per_step(resumed, counted))
               if a is not None and b is not None and a != b]
     if tokens:
         step, was, now = tokens[0]

@@ -116,7 +116,8 @@ def train_args(recipe, data_folder: Path, output_dir: Path, torch_device: str, *
         with contextlib.redirect_stdout(io.StringIO()):
             return parser.get_train_args(args)
     except (ValueError, TypeError) as exc:
-        raise Fail(f"LLaMA-Factory refuses this config ({recipe.origin.source}): {' '.join(str(exc).split())}") from None
+        raise Fail(f"LLaMA-Factory refuses this config ({recipe.origin.source}): "
+                   f"{' '.join(str(exc).split())}") from None
     finally:  # get_train_args turns transformers' INFO logging on for the whole process
         transformers.utils.logging.set_verbosity(verbosity)
 
@@ -153,7 +154,8 @@ class LlamaFactoryPipeline(Pipeline):
     name = "llamafactory"
 
     def __init__(self, inputs: PipelineInputs) -> None:
-        self.recipe, self.tok, self.stop_ids, self.scratch = inputs.recipe, inputs.tokenizer, inputs.stop_ids, inputs.scratch
+        self.recipe, self.tok = inputs.recipe, inputs.tokenizer
+        self.stop_ids, self.scratch = inputs.stop_ids, inputs.scratch
         self.entry = dataset_entry(config_of(self.recipe))
         self.folder = Path(tempfile.mkdtemp(prefix="llamafactory-data-", dir=self.scratch))
         self.args = train_args(self.recipe, self.folder, self.folder / "out", inputs.torch_device)
@@ -170,7 +172,8 @@ class LlamaFactoryPipeline(Pipeline):
         # the cutoff_len its arguments set for packing (one token less), without changing their labels
         data_args.packing = data_args.neat_packing = False
         tokenizer = self.tokenizer_module["tokenizer"]
-        processor = _get_dataset_processor(data_args, "sft", self.template, tokenizer, self.tokenizer_module["processor"])
+        processor = _get_dataset_processor(data_args, "sft", self.template, tokenizer,
+                                           self.tokenizer_module["processor"])
         out = {}
         with rows_unlogged():
             rows = _get_merged_dataset(data_args.dataset, model_args, data_args, training_args, stage="sft")
@@ -198,7 +201,8 @@ class LlamaFactoryPipeline(Pipeline):
             ids, labels = kept[i]
             whole_ids, whole_labels = full[i]
             trained_full = sum(1 for label in whole_labels if label != IGNORE_INDEX)
-            problems = judge_labels(self.tok, read_sample(row, data.format, data.train_on, data.roles)[0], data.train_on,
+            problems = judge_labels(self.tok, read_sample(row, data.format, data.train_on, data.roles)[0],
+                                    data.train_on,
                                     ids, labels, self.stop_ids, full_length=len(whole_ids))
             out.append(Encoded(row, tuple(ids), tuple(labels), self.method, len(whole_ids), trained_full,
                                tuple(problems)))

@@ -161,7 +161,8 @@ class TrlPipeline(Pipeline):
                 out.append(Encoded(row, (), (), self.method, len(whole_ids), trained_full, ((kind, detail),)))
                 continue
             ids, labels = kept[i]
-            problems = judge_labels(self.tok, read_sample(row, data.format, data.train_on, data.roles)[0], data.train_on, ids, labels, self.stop_ids,
+            problems = judge_labels(self.tok, read_sample(row, data.format, data.train_on, data.roles)[0],
+                                    data.train_on, ids, labels, self.stop_ids,
                                     full_length=len(whole_ids) or None)
             out.append(Encoded(row, tuple(ids), tuple(labels), self.method, len(whole_ids) or len(ids),
                                trained_full, tuple(problems)))

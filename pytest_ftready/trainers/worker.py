@@ -67,7 +67,8 @@ def interrupted_saves(trainer: Trainer, inputs: RunInputs, saved: SavedRun,
     files = trainer.resume_files(saved.checkpoint)
     inputs.progress(f"lifecycle.interrupted_save: a save of {trainer.label} killed before each of its "
                     f"{len(files)} files, then its resume", True)
-    with killed_saves(saved.folder, saved.checkpoint, files, saved.steps, inputs.scratch / "interrupted-saves") as killed:
+    with killed_saves(saved.folder, saved.checkpoint, files, saved.steps,
+                      inputs.scratch / "interrupted-saves") as killed:
         picks = [Path(trainer.resume_pick(k.folder, k.partial)) for k in killed]
         refusals, requests = {}, {}
         for i, (k, picked) in enumerate(zip(killed, picks)):

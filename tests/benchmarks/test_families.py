@@ -135,12 +135,12 @@ def test_family_data_checks_against_the_plain_script(benchmark, corpus, family):
     ours, theirs = benchmark.pedantic(lambda: _timed(checks, plain), rounds=1, iterations=1)
     (encoded, wall, cpu), (labels, plain_wall, plain_cpu) = ours, theirs
     enc = encoders[-1]
-    spliced = sum(1 for r in rows if enc.splicer is not None and enc.splicer.splice(
-        enc.sample(r), enc.render, enc._render_marked if enc.markers else None) is not None)
+    spliced = sum(1 for r in rows if enc.fast.splicer is not None and enc.fast.splicer.splice(
+        enc.sample(r), enc.render, enc.render_marked if enc.markers else None) is not None)
     problems = sorted({kind for e in encoded for kind, _ in e.problems})
     benchmark.extra_info.update(
         family=family, vocabulary=vocabulary, rows=len(rows), train_on=train_on, method=encoded[0].method,
-        fast_path=enc.splicer is not None, spliced_rows=spliced, problems=problems,
+        fast_path=enc.fast.splicer is not None, spliced_rows=spliced, problems=problems,
         rows_per_s=round(len(rows) / wall), rows_per_cpu_s=round(len(rows) / cpu),
         plain_rows_per_s=round(len(rows) / plain_wall), plain_rows_per_cpu_s=round(len(rows) / plain_cpu),
         ratio_wall=round(plain_wall / wall, 2), ratio_cpu=round(plain_cpu / cpu, 2))
@@ -148,6 +148,6 @@ def test_family_data_checks_against_the_plain_script(benchmark, corpus, family):
     if family == "deepseek-r1-distill":  # its inference prompt ends "<think>\n</think>", never in its training render
         assert "prompt_not_prefix" in problems and spliced == 0
     else:
-        assert problems == [] and enc.splicer is not None
+        assert problems == [] and enc.fast.splicer is not None
         # the reasoning in the content holds "</think>", which Qwen 3.5's template splits on: row by row
         assert (spliced == len(rows)) == (family != "qwen3.5-reasoning"), spliced

@@ -39,8 +39,8 @@ def big_corpus(tmp_path_factory):
 
 @pytest.mark.benchmark(group="scale: privacy scan")
 def test_scan_throughput(benchmark, big_corpus):
-    from pytest_ftready.data import prefilter, scan
-    from pytest_ftready.data.audit import scan_files
+    from pytest_ftready.privacy import prefilter, scan
+    from pytest_ftready.privacy.audit import scan_files
 
     path, info = big_corpus
     found, scanned, _ = benchmark.pedantic(lambda: scan_files([path], ALL), rounds=1, iterations=1)
@@ -65,7 +65,7 @@ def test_scan_throughput(benchmark, big_corpus):
 def test_scan_one_worker_against_two(benchmark, big_corpus):
     """The scan in one process and in two workers, interleaved, best of 3 each (the machine's
     other load hits both alike); the findings, their order and the learned values identical."""
-    from pytest_ftready.data.audit import scan_files
+    from pytest_ftready.privacy.audit import scan_files
 
     path, info = big_corpus
     best = {1: float("inf"), 2: float("inf")}

@@ -59,7 +59,7 @@ def test_row_by_row_encoding(benchmark, chat_rows, encoder):
     encoded = benchmark.pedantic(lambda: [encoder.encode(r) for r in chat_rows], rounds=1, iterations=1)
     benchmark.extra_info["rows"] = ROWS
     benchmark.extra_info["rows_per_s"] = ROWS / benchmark.stats.stats.median
-    assert len(encoded) == ROWS and encoder.splicer is not None
+    assert len(encoded) == ROWS and encoder.fast.splicer is not None
 
 
 @pytest.mark.benchmark(group=f"data checks vs apply_chat_template, {ROWS:,} rows")
@@ -96,7 +96,7 @@ def corpus(tmp_path_factory):
 
 @pytest.mark.benchmark(group="secret scanning, 0.5 MB of JSONL")
 def test_scanner_speed(benchmark, corpus):
-    from pytest_ftready.data.audit import scan_files
+    from pytest_ftready.privacy.audit import scan_files
 
     found, scanned, _ = benchmark.pedantic(lambda: scan_files([corpus], frozenset({"secrets", "pii"})),
                                            rounds=3, iterations=1)

@@ -161,7 +161,7 @@ def test_planted_data_is_found_and_never_printed_anywhere(pytester, tiny_example
 
 
 def test_allowlist_accepts_known_findings_by_fingerprint(make_state, run_check, tiny_example):
-    from pytest_ftready.data.audit import scan_file
+    from pytest_ftready.privacy.audit import scan_file
 
     data = tiny_example / "data" / "train.jsonl"
     rows = [json.loads(line) for line in data.read_text().splitlines()]
@@ -214,7 +214,7 @@ def test_a_fifo_as_training_data_is_not_a_passed_scan(make_state, run_check, tin
 
 
 def test_walks_cover_every_root_and_name_what_they_could_not_list(tmp_path):
-    from pytest_ftready.data.audit import walk
+    from pytest_ftready.privacy.audit import walk
 
     first, second = tmp_path / "a", tmp_path / "b"
     (first / "locked").mkdir(parents=True)

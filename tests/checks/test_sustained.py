@@ -88,7 +88,7 @@ def gpu_state(make_state, monkeypatch):
             with Sampler(sources, interval_s=3600) as sampler:
                 for _ in range(30):
                     sampler.sample()
-            for i, (t, reading) in enumerate(sampler.samples):  # spread the readings over the run
+            for i, (_, reading) in enumerate(sampler.samples):  # spread the readings over the run
                 sampler.samples[i] = (i * 10.0, reading)
             steps = synthetic(rates)
             return SustainedRun(steps, windows(steps, window_s), list(sampler.samples), list(missing), 146_000,

@@ -72,7 +72,7 @@ def test_chunks_number_every_line_as_one_read_does(corpus, monkeypatch):
     small = [item for chunk in chunks(corpus, 97) for item in chunk.items()]
     again = [item for chunk in chunks(corpus, 1 << 30) for item in chunk.items()]
     assert small == again
-    assert [getattr(i, "line") for i in small] == [getattr(i, "line") for i in whole]
+    assert [i.line for i in small] == [i.line for i in whole]
     assert any(getattr(i, "kind", "") == "too_long" for i in small)
 
 
@@ -161,7 +161,7 @@ def test_parquet_is_read_in_batches_numbered_across_them(tmp_path, monkeypatch):
 def test_the_scan_reads_csv_and_parquet_rows_as_the_data_pass_does(tmp_path):
     import pandas
 
-    from pytest_ftready.data.audit import scan_file
+    from pytest_ftready.privacy.audit import scan_file
     from tests import planted
 
     card, email = planted.CARD, planted.PII["email"]
@@ -219,8 +219,8 @@ def test_workers_never_run_the_starting_script_again(corpus, tmp_path):
 
 
 def test_a_long_scan_reports_its_bytes_rate_and_eta(corpus, monkeypatch):
-    from pytest_ftready.data import prefilter
-    from pytest_ftready.data.audit import scan_files
+    from pytest_ftready.privacy import prefilter
+    from pytest_ftready.privacy.audit import scan_files
 
     lines: list[str] = []
     monkeypatch.setattr(meter, "QUIET_SECONDS", -1.0)

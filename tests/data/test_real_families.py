@@ -202,10 +202,10 @@ def test_family_templates_take_the_fast_path_and_splice_exactly(name):
         tok = build_tokenizer(template, eos=eos, bos=bos)
         enc = Encoder(tok, SimpleNamespace(format="auto", train_on=train_on, max_length=512, add_special_tokens=False),
                       stop_token_ids(tok))
-        assert enc.splicer is not None and enc.splicer.needles == tested
+        assert enc.fast.splicer is not None and enc.fast.splicer.needles == tested
         pairs = [(row, read_sample(row, "auto", train_on)[0]) for row in rows if not row_problems(row, "auto", train_on)]
         assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs], train_on
-        taken = [hasattr(s, "messages") and enc.splicer.splice(s, enc.render, None) is not None for _, s in pairs]
+        taken = [hasattr(s, "messages") and enc.fast.splicer.splice(s, enc.render, None) is not None for _, s in pairs]
         spliced += sum(taken)
         for (row, sample), took in zip(pairs, taken):
             if any(needle in m["content"] for m in getattr(sample, "messages", ()) for needle in tested
@@ -264,7 +264,7 @@ def test_escaping_and_equal_messages_splice_exactly_or_go_row_by_row(use):
         {"role": "user", "content": "again"}, {"role": "assistant", "content": "hi"}]})]
     pairs = [(row, read_sample(row, "messages", "assistant")[0]) for row in rows]
     assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
-    taken = [enc.splicer.splice(s, enc.render, None) is not None for _, s in pairs]
+    taken = [enc.fast.splicer.splice(s, enc.render, None) is not None for _, s in pairs]
     assert taken == ([False, False] if "tojson" in use else [True, True])
 
 
@@ -284,7 +284,7 @@ def test_reasoning_content_a_template_drops_is_named_and_one_it_renders_passes(t
 def test_fuzzed_reasoning_contents_on_qwen35_splice_exactly():
     """Contents made of the needles' pieces ("</think>", a half of it, "<tool_response>"...), whitespace
     and marks: the batched (spliced where it can) path equals the row-by-row one on Qwen 3.5."""
-    from hypothesis import given, settings
+    from hypothesis import example, given, settings
     from hypothesis import strategies as st
 
     from pytest_ftready.data.layouts import row_problems
@@ -293,13 +293,23 @@ def test_fuzzed_reasoning_contents_on_qwen35_splice_exactly():
     tok = build_tokenizer(QWEN35, eos="<|im_end|>")
     enc = Encoder(tok, SimpleNamespace(format="auto", train_on="last_assistant", max_length=96,
                                        add_special_tokens=False), stop_token_ids(tok))
-    assert enc.splicer is not None
+    assert enc.fast.splicer is not None
     pieces = st.lists(st.sampled_from(["a", " ", "\n", "<think>", "</think>", "</thi", "nk>", "<tool_response>",
                                        "</tool_response>", "<|im_end|>", "\u3000", "é"]), max_size=6).map("".join)
     turns = st.lists(st.tuples(st.sampled_from(["user", "tool"]), pieces, pieces), min_size=1, max_size=3)
 
+    # derandomize seeds from this function's source: a few plain conversations that always splice keep
+    # "both paths were compared" true whatever the edit
+    plain = [[("user", "a" * (k + 1), " a" * (k + 1))] for k in range(6)]
+
     @settings(max_examples=80, deadline=None, database=None, derandomize=True)
     @given(turns)
+    @example(plain[0]).via("splices")
+    @example(plain[1]).via("splices")
+    @example(plain[2]).via("splices")
+    @example(plain[3]).via("splices")
+    @example(plain[4]).via("splices")
+    @example(plain[5]).via("splices")
     def check(turns):
         messages = [m for k, (role, ask, answer) in enumerate(turns)  # a user query first, as Qwen 3.5 wants
                     for m in ({"role": "user" if k == 0 else role, "content": ask},
@@ -308,7 +318,7 @@ def test_fuzzed_reasoning_contents_on_qwen35_splice_exactly():
         if not row_problems(row, "auto", "last_assistant"):
             sample = read_sample(row, "auto", "last_assistant")[0]
             assert enc.encode_many([(row, sample)]) == [enc.encode(row, sample)]
-            taken.append(enc.splicer.splice(sample, enc.render, None) is not None)
+            taken.append(enc.fast.splicer.splice(sample, enc.render, None) is not None)
 
     taken: list = []
     check()

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pytest_ftready.data.fast_encoding import WidthCheck
 from pytest_ftready.data.layouts import read_sample, row_problems
 from pytest_ftready.data.rows import Row
 from pytest_ftready.data.skeleton import MARKS, needles, opaque
@@ -105,9 +106,9 @@ def test_encode_many_is_encode_row_by_row(tokenizers, name, tok_name):  # noqa: 
                      if not row_problems(row, "auto", train_on)]
             assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs], (train_on, max_length)
             compared += len(pairs)
-            if enc.splicer is not None:
+            if enc.fast.splicer is not None:
                 spliced += sum(1 for _, s in pairs if hasattr(s, "messages")
-                               and enc.splicer.splice(s, enc.render, enc._render_marked) is not None)
+                               and enc.fast.splicer.splice(s, enc.render, enc.render_marked) is not None)
     assert compared > 200
     # the opaque templates really took the spliced path; a reasoning template and a template whose
     # inference prompt is no prefix of its training render never do
@@ -125,7 +126,7 @@ BRANCHING = {
 @pytest.mark.parametrize("name", list(BRANCHING))
 def test_templates_branching_on_emptiness_splice_exactly(tokenizers, name):  # noqa: F811
     enc = encoder(tokenizers["tiny"], BRANCHING[name], "<|im_end|>", "assistant", 512, False)
-    assert enc.splicer is not None
+    assert enc.fast.splicer is not None
     rows = [Row("t.jsonl", n, data) for n, data in enumerate(SPLICE_ROWS)]
     pairs = [(row, read_sample(row, "auto", "assistant")[0]) for row in rows if not row_problems(row, "auto", "assistant")]
     # blank contents never pass the layout checks; the encoder is still exact on them
@@ -141,9 +142,9 @@ def test_the_splice_is_taken_and_skeletons_are_shared(tokenizers):  # noqa: F811
     rows = [Row("t.jsonl", k, variants({"messages": ROWS[1]["messages"]}, k)) for k in range(50)]
     pairs = [(row, enc.sample(row)) for row in rows]
     assert enc.encode_many(pairs) == [enc.encode(row, s) for row, s in pairs]
-    assert len(enc.splicer.skeletons) == 1
-    assert all(enc.splicer.splice(s, enc.render, enc._render_marked) is not None for _, s in pairs)
-    assert encoder(tokenizers["tiny"], THINKING, "<|im_end|>", "assistant", 512, False).splicer is None
+    assert len(enc.fast.splicer.skeletons) == 1
+    assert all(enc.fast.splicer.splice(s, enc.render, enc.render_marked) is not None for _, s in pairs)
+    assert encoder(tokenizers["tiny"], THINKING, "<|im_end|>", "assistant", 512, False).fast.splicer is None
 
 
 contents = st.lists(st.sampled_from(["a", "b", " ", "\n", "\t", "<|im_end|>", "<|eot_id|>", "{{", "%}", "é", "😀",
@@ -184,12 +185,13 @@ def test_a_pass_over_a_generated_corpus_is_the_same_spliced_or_row_by_row(tmp_pa
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     data = SimpleNamespace(format="messages", train_on="assistant", max_length=128, add_special_tokens=False, roles={})
     spliced, row_by_row = (Encoder(tok, data, stop_token_ids(tok)) for _ in range(2))
-    row_by_row.splicer = None
+    row_by_row.fast.splicer = None
     plan = Plan(format="messages", train_on="assistant")
     one, other = (run_pass([path], plan, encoder=e, chunk_bytes=65536) for e in (spliced, row_by_row))
-    assert one.encoded == rows and one.problems and len(spliced.splicer.skeletons) > 1
+    assert one.encoded == rows and one.problems and len(spliced.fast.splicer.skeletons) > 1
     # the rows' offsets were read from their widths: the ASCII ones, and the others where there are some
-    assert spliced.widths is not None and spliced.tiling["ascii"] and bool(spliced.tiling["utf-8"]) == (text != "ascii")
+    assert spliced.fast.widths is not None and spliced.fast.checks["ascii"] is WidthCheck.AGREES
+    assert (spliced.fast.checks["utf-8"] is WidthCheck.AGREES) == (text != "ascii")
     for name in ("problems", "bad", "bad_count", "full_lengths", "lengths", "fingerprint", "head",
                  "with_problems", "first_trainable", "layouts", "methods"):
         assert getattr(one, name) == getattr(other, name), name

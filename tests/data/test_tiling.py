@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_ftready.data import encoding as encoding_module
+from pytest_ftready.data import fast_encoding as fast_module
 from pytest_ftready.data import tiling
 from pytest_ftready.data.encoding import Encoder, _in_order
+from pytest_ftready.data.fast_encoding import FastPaths, WidthCheck
 from pytest_ftready.data.layouts import read_sample
 from pytest_ftready.data.rows import Row
 from pytest_ftready.tiny import CHATML, SPECIAL_TOKENS, build_tokenizer
@@ -129,7 +130,7 @@ def test_a_tiling_claim_holds_against_the_offsets(tokenizers, name, text):
 def test_generation_runs_are_the_runs_of_the_mask(tokenizers, text, cuts):
     """The {% generation %} blocks' tokens as runs from bisection (tiled or in-order offsets)
     are the runs of the mask transformers' two ways agree on, on real tokenizations."""
-    from pytest_ftready.data.encoding import _Encoding
+    from pytest_ftready.data.fast_encoding import _Encoding
     from pytest_ftready.data.rendering import generation_mask, generation_runs
     from pytest_ftready.data.verify import runs
 
@@ -178,10 +179,10 @@ def _pairs(enc, rows):
 def test_encode_many_equals_row_by_row_whatever_the_pipeline(tokenizers, name, train_on, max_length, add_special,
                                                               template, monkeypatch):
     read, quick = [], []
-    monkeypatch.setattr(encoding_module, "columns", lambda *a: read.append(tiling.columns(*a)) or read[-1])
-    read_quick = Encoder._read_quick
-    monkeypatch.setattr(Encoder, "_read_quick", lambda self, e, t, q: quick.extend(zip(t, q)) or read_quick(self, e, t, q))
-    monkeypatch.setattr(encoding_module, "BATCH_ROWS", 3)  # many batches: each tokenized while the one before is labelled
+    monkeypatch.setattr(fast_module, "columns", lambda *a: read.append(tiling.columns(*a)) or read[-1])
+    read_quick = FastPaths.read_without_offsets
+    monkeypatch.setattr(FastPaths, "read_without_offsets", lambda self, e, t, q: quick.extend(zip(t, q)) or read_quick(self, e, t, q))
+    monkeypatch.setattr(fast_module, "BATCH_ROWS", 3)  # many batches: each tokenized while the one before is labelled
     enc = _encoder(tokenizers[name], train_on, max_length, add_special, template)
     pairs = _pairs(enc, _rows() * 3)
     assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
@@ -201,7 +202,7 @@ def test_a_backend_left_padding_after_the_encoder_was_built_goes_through_the_tok
     pairs = _pairs(enc, _rows())
     expected = [enc.encode(row, sample) for row, sample in pairs]
     enc.tok._tokenizer.enable_padding(pad_id=enc.tok.pad_token_id, pad_token=enc.tok.pad_token)  # a collator's doing
-    assert enc.widths is not None and enc._backend() is None
+    assert enc.fast.widths is not None and enc.fast.backend() is None
     assert enc.encode_many(pairs) == expected
     assert enc.tok._tokenizer.padding is None  # the tokenizer's own __call__ ran (and set its backend back)
 
@@ -210,12 +211,12 @@ def test_the_first_batch_checks_the_claim(tokenizers, monkeypatch):
     """A tokenizer wrongly read as tiling (its offsets are trimmed): the first batch sees a claim
     the offsets deny, the encoder stops claiming, and the results are the row-by-row ones."""
     tok = tokenizers["trims-offsets"]
-    monkeypatch.setattr(encoding_module, "widths", lambda backend: tiling.widths(tokenizers["gpt2-style"]._tokenizer))
+    monkeypatch.setattr(fast_module, "widths", lambda backend: tiling.widths(tokenizers["gpt2-style"]._tokenizer))
     enc = _encoder(tok)
-    assert enc.widths is not None
+    assert enc.fast.widths is not None
     pairs = _pairs(enc, _rows())
     assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
-    assert enc.tiling == {tiling.ASCII: None, tiling.UTF8: None} and not enc._quick_kinds()
+    assert enc.fast.checks == {tiling.ASCII: WidthCheck.DIFFERS, tiling.UTF8: WidthCheck.DIFFERS} and not enc.fast.kinds_from_widths()
 
 
 def test_each_kind_of_text_is_checked_by_the_first_batch_that_has_some(tokenizers):
@@ -225,22 +226,24 @@ def test_each_kind_of_text_is_checked_by_the_first_batch_that_has_some(tokenizer
     backend = enc.tok._tokenizer
 
     def tile(texts, chosen=None):
-        encodings = [encoding_module._Encoding(e) for e in backend.encode_batch(texts, add_special_tokens=False)]
-        enc._tile(encodings, texts, chosen or [True] * len(texts))
+        encodings = [fast_module._Encoding(e) for e in backend.encode_batch(texts, add_special_tokens=False)]
+        enc.fast.read_columns(encodings, texts, chosen or [True] * len(texts))
         return encodings
 
     encodings = tile(["café", "中文 here"])
-    assert enc.tiling == {tiling.ASCII: False, tiling.UTF8: True} and enc._quick_kinds() == {tiling.UTF8}
+    assert enc.fast.checks == {tiling.ASCII: WidthCheck.UNCHECKED, tiling.UTF8: WidthCheck.AGREES}
+    assert enc.fast.kinds_from_widths() == {tiling.UTF8}
     assert all(e.columns is not None for e in encodings)
     encodings = tile(["plain ascii", "über"], [True, False])  # the second has its columns already (quick)
-    assert enc.tiling == {tiling.ASCII: True, tiling.UTF8: True}
+    assert enc.fast.checks == {tiling.ASCII: WidthCheck.AGREES, tiling.UTF8: WidthCheck.AGREES}
     assert encodings[0].columns is not None and encodings[1].columns is None
     other = _encoder(tokenizers["gpt2-style"])
     texts = ["plain ascii", "über"]
-    encodings = [encoding_module._Encoding(e) for e in backend.encode_batch(texts, add_special_tokens=False)]
+    encodings = [fast_module._Encoding(e) for e in backend.encode_batch(texts, add_special_tokens=False)]
     encodings[1]._offsets = [(a, b + 1) for a, b in encodings[1].offset_mapping]  # what the widths cannot give
-    other._tile(encodings, texts, [True, True])
-    assert other.tiling == {tiling.ASCII: True, tiling.UTF8: None} and other._quick_kinds() == {tiling.ASCII}
+    other.fast.read_columns(encodings, texts, [True, True])
+    assert other.fast.checks == {tiling.ASCII: WidthCheck.AGREES, tiling.UTF8: WidthCheck.DIFFERS}
+    assert other.fast.kinds_from_widths() == {tiling.ASCII}
     assert encodings[0].columns is not None and encodings[1].columns is None
 
 
@@ -256,17 +259,17 @@ def test_a_tokenizers_without_encode_batch_fast_tokenizes_every_row_with_offsets
                 raise AttributeError(name)
             return getattr(self.backend, name)
 
-    monkeypatch.setattr(encoding_module, "BATCH_ROWS", 3)
+    monkeypatch.setattr(fast_module, "BATCH_ROWS", 3)
     enc = _encoder(tokenizers["gpt2-style"])
     pairs = _pairs(enc, _rows() * 3)
     expected = [enc.encode(row, sample) for row, sample in pairs]
-    backend = enc._backend
-    monkeypatch.setattr(enc, "_backend", lambda: None if backend() is None else Older(backend()))
+    backend = enc.fast.backend
+    monkeypatch.setattr(enc.fast, "backend", lambda: None if backend() is None else Older(backend()))
     quick = []
-    read_quick = enc._read_quick
-    monkeypatch.setattr(enc, "_read_quick", lambda *a: quick.append(a) or read_quick(*a))
+    read_quick = enc.fast.read_without_offsets
+    monkeypatch.setattr(enc.fast, "read_without_offsets", lambda *a: quick.append(a) or read_quick(*a))
     assert enc.encode_many(pairs) == expected
-    assert enc.tiling[tiling.ASCII] and enc.widths is not None and not quick
+    assert enc.fast.checks[tiling.ASCII] is WidthCheck.AGREES and enc.fast.widths is not None and not quick
 
 
 def test_an_unknown_token_is_never_read_from_its_width(tokenizers, monkeypatch):
@@ -286,15 +289,15 @@ def test_an_unknown_token_is_never_read_from_its_width(tokenizers, monkeypatch):
     rows.append(Row("t.jsonl", 10, {"messages": [{"role": "user", "content": "q\x01\x01\x01"},
                                                   {"role": "assistant", "content": "\x01" * 7 + " answer"}]}))
     pairs = _pairs(enc, rows)
-    monkeypatch.setattr(encoding_module, "BATCH_ROWS", 3)  # the last row on the quick path
+    monkeypatch.setattr(fast_module, "BATCH_ROWS", 3)  # the last row on the quick path
     assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
-    assert enc.tiling[tiling.ASCII] and enc.widths is not None
+    assert enc.fast.checks[tiling.ASCII] is WidthCheck.AGREES and enc.fast.widths is not None
 
 
 def test_an_empty_generation_block_at_the_start_reads_the_same_either_way(tokenizers):
     """A span (0, 0) asks transformers 4's way for the token before character 0: no token, with or
     without offsets (the backend refuses a negative index; it is never asked)."""
-    from pytest_ftready.data.encoding import _Encoding
+    from pytest_ftready.data.fast_encoding import _Encoding
     from pytest_ftready.data.rendering import generation_runs
 
     backend = tokenizers["gpt2-style"]._tokenizer
@@ -329,6 +332,6 @@ def test_an_added_token_is_read_from_its_width_only_where_its_text_is_what_is_ma
     rows += [Row("t.jsonl", 4 + k, {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]})
              for k, (user, answer) in enumerate([("ok fi", "dž yes"), ("fi fi", "dž dž"), ("dž", "fi"), ("é 長", "é")])]
     pairs = _pairs(enc, rows)
-    monkeypatch.setattr(encoding_module, "BATCH_ROWS", 3)  # the Cyrillic batch checks the claim, the rest read quick
+    monkeypatch.setattr(fast_module, "BATCH_ROWS", 3)  # the Cyrillic batch checks the claim, the rest read quick
     assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
-    assert enc.tiling[tiling.UTF8]
+    assert enc.fast.checks[tiling.UTF8] is WidthCheck.AGREES

@@ -165,7 +165,7 @@ def test_a_secret_inside_one_part_is_reported_once(make_state, tiny_example, fai
 
 def test_a_split_secret_is_found_in_worker_processes_too(tiny_example, tmp_path):
     """The scan in parts (workers) finds what one process finds: the parts' joined text too."""
-    from pytest_ftready.data.audit import scan_files
+    from pytest_ftready.privacy.audit import scan_files
 
     write_rows(tiny_example, chat(USER, said("assistant", in_parts(GITHUB[:10], GITHUB[10:]))))
     path = tiny_example / "data" / "train.jsonl"

@@ -8,7 +8,7 @@ import pytest
 import json
 import xml.etree.ElementTree as ET
 
-from pytest_ftready.data.scan import fingerprint
+from pytest_ftready.privacy.scan import fingerprint
 from tests import planted
 
 

@@ -8,7 +8,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from .job import CHECKPOINT_DIR, TRAIN_DIR, WORST_DIR, JobSpec, save_examples
 from .launcher import JobResult, launch
@@ -39,7 +39,7 @@ class Plan:
         return max(1, self.world_size // 2)
 
 
-def visible_gpus(machine_gpus: int, environ: Optional[dict] = None) -> int:
+def visible_gpus(machine_gpus: int, environ: Optional[Mapping[str, str]] = None) -> int:
     """GPUs this process may use: CUDA/HIP_VISIBLE_DEVICES narrow what NVML lists."""
     environ = environ if environ is not None else os.environ
     for name in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):

@@ -106,7 +106,7 @@ class JobResult:
 
     def per_rank(self, phase: str) -> dict[int, dict]:
         """{rank: figures} of the ranks that finished ``phase``."""
-        return {r: o.figures(phase) for r, o in sorted(self.ranks.items()) if o.figures(phase) is not None}
+        return {r: figures for r, o in sorted(self.ranks.items()) if (figures := o.figures(phase)) is not None}
 
     def stopped_in(self, phase: str) -> bool:
         """The job failed before every rank (of this node's view) finished ``phase``."""
@@ -281,7 +281,8 @@ def _culprit(ranks: dict[int, RankOutcome], torchrun_text: str) -> Optional[tupl
     root = ROOT_CAUSE.search(torchrun_text)
     if root:
         rank, code = int(root.group(1)), int(root.group(2))
-        return ranks.get(rank), rank, f"exited with code {code}" if code >= 0 else f"killed by signal {_signal_name(code)}"
+        how = f"exited with code {code}" if code >= 0 else f"killed by signal {_signal_name(code)}"
+        return ranks.get(rank), rank, how
     return None
 
 
@@ -314,6 +315,7 @@ def diagnose(ranks: dict[int, RankOutcome], world: int, exit_code: Optional[int]
     haystack = "\n".join([cause, *last, *(torchrun_text.splitlines()[-40:])])
     hints = [hint for pattern, hint in HINTS if re.search(pattern, haystack)]
     if timed_out or phase == "join":  # the ranks may not reach each other: the backend's socket hints
-        network = [hint for _, hint in HINTS[-3:] if hint.startswith(("NCCL" if backend == "nccl" else "gloo", "the ranks"))]
+        network = [hint for _, hint in HINTS[-3:] if hint.startswith(("NCCL" if backend == "nccl" else "gloo",
+                                                                      "the ranks"))]
         hints += [hint for hint in network if hint not in hints]
     return Failure(rank, phase, cause, last, hints[:3])

@@ -136,8 +136,10 @@ def collectives(rank: Rank) -> dict:
         buffer = torch.ones(elements, dtype=torch.float32, device=device)
         chunk = torch.ones(elements // n, dtype=torch.float32, device=device)
         gathered = torch.empty(chunk.numel() * n, dtype=torch.float32, device=device)
-        for name, run, factor in (("all_reduce", lambda: dist.all_reduce(buffer), 2 * (n - 1) / n),
-                                  ("all_gather", lambda: dist.all_gather_into_tensor(gathered, chunk), (n - 1) / n)):
+        # the lambdas run within this iteration, before the del after the loop (ruff reads the del as unbinding)
+        for name, run, factor in (("all_reduce", lambda: dist.all_reduce(buffer), 2 * (n - 1) / n),  # noqa: F821
+                                  ("all_gather", lambda: dist.all_gather_into_tensor(gathered, chunk),  # noqa: F821
+                                   (n - 1) / n)):
             run()  # warm-up: the first call of a size sets up buffers and channels
             _sync(device)
             dist.barrier()
@@ -281,8 +283,9 @@ def step(rank: Rank, recipe) -> dict:
     optimizer = make_optimizer(model, recipe)
     scheduler = make_scheduler(optimizer, recipe, total_steps=2, constant=True)
     grads: dict = {}
-    optimizer.register_step_pre_hook(lambda *_: grads.update(
-        fingerprints(model.named_parameters(), lambda p: None if p.grad is None else local_tensor(p.grad))))
+    optimizer.register_step_pre_hook(lambda *_: grads.update(  # runs in the step, before the del of the model
+        fingerprints(model.named_parameters(),  # noqa: F821
+                     lambda p: None if p.grad is None else local_tensor(p.grad))))
     batch = worst_batch(rank, recipe)
     rank.maybe_die("step")
     with peak_memory(rank.device, count_tensors=rank.device == "cpu") as peak:
@@ -301,7 +304,8 @@ def step(rank: Rank, recipe) -> dict:
         figures["gradients_compared"] = len(grads)
         figures["gradients_differ"] = differs_from_rank0(grads, rank, tolerance)
         figures["params_differ"] = differs_from_rank0(
-            fingerprints(((n, p) for n, p in model.named_parameters() if p.requires_grad), lambda p: p), rank, tolerance)
+            fingerprints(((n, p) for n, p in model.named_parameters() if p.requires_grad), lambda p: p), rank,
+            tolerance)
     else:
         import torch.distributed as dist
 
@@ -311,7 +315,8 @@ def step(rank: Rank, recipe) -> dict:
         figures["full_elements"] = sum(p.numel() for p in model.parameters())
         figures["params_compared"] = sum(1 for p in model.parameters() if p.requires_grad)
         figures["params_differ"] = differs_from_rank0(
-            fingerprints(((n, p) for n, p in model.named_parameters() if p.requires_grad), full_tensor), rank, tolerance)
+            fingerprints(((n, p) for n, p in model.named_parameters() if p.requires_grad), full_tensor), rank,
+            tolerance)
     # a second, timed step: the first one paid for lazy initialisation
     import torch.distributed as dist
 
@@ -440,8 +445,8 @@ def reshard(rank: Rank, recipe) -> dict:
 
 # ---- entry point ------------------------------------------------------------------------------
 def main(argv: list[str]) -> int:
-    recipe_path, mode, folder = argv
-    folder = Path(folder)
+    recipe_path, mode, folder_arg = argv
+    folder = Path(folder_arg)
     spec = JobSpec.read(folder)
     rank = Rank(folder, spec)
     import torch

@@ -10,7 +10,8 @@ from .records import Host
 
 
 def _cpu_model_and_flags() -> tuple[str, tuple[str, ...]]:
-    model, flags = platform.processor() or platform.machine(), ()
+    model = platform.processor() or platform.machine()
+    flags: tuple[str, ...] = ()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
             for line in handle:

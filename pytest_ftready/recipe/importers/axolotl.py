@@ -169,7 +169,8 @@ def _checkpointing(b: Builder, row: Row, name: str, value: Any, default: bool) -
     b.put(name, "training", "gradient_checkpointing", bool(value))
     if value in ("offload", "offload_disk"):
         b.put(name, "training", "activation_offloading", True)
-        b.caveat(name, memory=True, text=f"{value!r} keeps the checkpoints off the device: carried as [training] activation_offloading; "
+        b.caveat(name, memory=True, text=f"{value!r} keeps the checkpoints off the device: carried as [training] "
+                 f"activation_offloading; "
                  "where the forecast cannot model it the measured peak over-counts by the checkpointed activations")
 
 
@@ -252,7 +253,8 @@ def _reasoning(b: Builder, where: str, entry: dict, files: list[Path]) -> None:
                  "renders reasoning apart (or drops it from earlier turns) data.masking sees other tokens")
     if field == key:
         if "field_thinking" in entry or "template_thinking_key" in entry:
-            b.mapped.append((f"{where}.field_thinking", f"(the rows' {field!r} is what the template reads: rendered and "
+            b.mapped.append((f"{where}.field_thinking", f"(the rows' {field!r} is what the template reads: "
+                             f"rendered and "
                              "trained with the assistant turn, as data.masking expects)"))
         return
     row = first_row(files)

@@ -130,7 +130,7 @@ class Builder:
         self.folder = path.parent
         self.raw = raw
         self.format, self.title = fmt, title
-        self.tables: dict[str, dict[str, Any]] = {}
+        self.tables: dict[str, Any] = {}  # table -> its keys; "name" -> the recipe's name
         self.mapped: list[tuple[str, str]] = []
         self.caveats: list[str] = []
         self.unchecked: dict[str, str] = {}
@@ -139,12 +139,12 @@ class Builder:
         self.memory_notes: list[str] = []
         self.version = ""
         self.runs: dict[str, str] = {}  # config key -> table.RUN_CLASSES (table.apply fills it)
-        self.run_keys = None  # the table's table.RunKeys (table.apply sets it)
+        self.run_keys: Any = None  # the table's table.RunKeys (table.apply sets it)
         self.inputs: dict[str, Any] = {}  # what the trainer's run needs of the side files (dataset_info.json ...)
         self.absent_model: Optional[tuple[str, str]] = None  # (key, path): a local model folder not on this machine
         # "every linear layer" (modules.EveryLinear), resolved on the model's own architecture once the
         # side file has said where the model is
-        self.every_linear = None
+        self.every_linear: Any = None
 
     def note_unexpanded(self) -> None:
         """A caveat for each top-level key whose value holds an environment reference (``${HOME}``,
@@ -217,7 +217,8 @@ class Builder:
             raise self.fail(source, f"expected a model id or folder, got {name!r}")
         found = unexpanded(name)
         if found and not self.local_path(name).is_dir():
-            raise self.fail(source.split(" ")[0], f"{name!r} holds {', '.join(found)}, left unexpanded (YAML expands no "
+            raise self.fail(source.split(" ")[0], f"{name!r} holds {', '.join(found)}, left unexpanded "
+                            f"(YAML expands no "
                             "environment variables, nor do the checks): write the model's folder or hub id itself, or "
                             f"[model] path = \"path/to/model\" in {self.path.stem}.{SIDE_TOML} or {SIDE_TOML}")
         if self.local_path(name).is_dir():
@@ -272,7 +273,8 @@ class Builder:
             message = exc.message
             needed = exc.where == "[model] revision"  # a hub id: a local copy is the other way out
             if needed:
-                message += f"; or check a local copy: [model] path = \"path/to/model\" in {SIDE_TOML} replaces the hub id"
+                message += (f"; or check a local copy: [model] path = \"path/to/model\" in {SIDE_TOML} replaces "
+                            "the hub id")
             source = next((src for src, dst in reversed(self.mapped) if exc.where.startswith(dst)), None)
             where = exc.where if source is None or source == exc.where else f"{exc.where} (from {source})"
             if needed:
@@ -419,7 +421,8 @@ def _expanded_size(root: Any, path: Path) -> int:
         children = _yaml_children(node)
         if closing:
             open_nodes.discard(key)
-            sizes[key] = 1 + (len(node.value) if isinstance(node.value, str) else 0) + sum(sizes[id(c)] for c in children)
+            sizes[key] = (1 + (len(node.value) if isinstance(node.value, str) else 0)
+                          + sum(sizes[id(c)] for c in children))
             if sizes[key] > MAX_YAML_EXPANDED:
                 raise RecipeError(path, "", f"its aliases (*name) expand to more than {MAX_YAML_EXPANDED:,} values "
                                   "and characters (an alias bomb?): a config repeats a few settings at most; "

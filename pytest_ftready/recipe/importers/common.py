@@ -33,7 +33,8 @@ OPTIMIZERS = {
 # update is the base optimizer's.
 LOW_RANK = {"galore_adamw": ("galore", "adamw"), "galore_adamw_8bit": ("galore", "adamw_8bit"),
             "galore_adafactor": ("galore", "adafactor"), "galore_adamw_layerwise": ("galore", "adamw"),
-            "galore_adamw_8bit_layerwise": ("galore", "adamw_8bit"), "galore_adafactor_layerwise": ("galore", "adafactor"),
+            "galore_adamw_8bit_layerwise": ("galore", "adamw_8bit"),
+            "galore_adafactor_layerwise": ("galore", "adafactor"),
             "apollo_adamw": ("apollo", "adamw"), "apollo_adamw_layerwise": ("apollo", "adamw")}
 NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant",
@@ -54,7 +55,8 @@ def low_rank(b: Builder, source: str, method: str, base: str) -> None:
     """GaLore / APOLLO: optimizer states in a low-rank projection of each matrix."""
     b.put(source, "training", "low_rank_optimizer", method)
     b.put(source, "training", "optimizer", base)
-    b.caveat(source.split(" ")[0], memory=True, text=f"{method} keeps optimizer states in a low-rank projection: carried as [training] "
+    b.caveat(source.split(" ")[0], memory=True, text=f"{method} keeps optimizer states in a low-rank projection: "
+             f"carried as [training] "
              f"low_rank_optimizer = \"{method}\"; where the forecast cannot model it, optimizer-state memory is "
              "over-counted by up to the full-rank states (2 x 4 bytes per projected parameter with AdamW)")
 
@@ -149,7 +151,8 @@ def distributed_deepspeed(b: Builder, source: str, value: Any) -> None:
     read = f"{source} (read from {how})" if how not in ("", "inline", str(value)) else source
     b.put(read, "distributed", "zero_stage", stage)
     if stage:
-        b.caveat(source, memory=True, text=f"ZeRO-{stage} shards the {ZERO_SHARDS[stage]} across the GPUs: where the forecast does not "
+        b.caveat(source, memory=True, text=f"ZeRO-{stage} shards the {ZERO_SHARDS[stage]} across the GPUs: where the "
+                 f"forecast does not "
                  "model the sharding, the single-device memory checks over-count them by up to (1 - 1/world_size)")
 
 
@@ -177,7 +180,8 @@ def bundled_deepspeed(value: str) -> tuple[Optional[dict], str]:
     checkout = _installed_checkout(row["trainer"])
     if checkout is not None and (checkout / row["path"]).is_file():
         try:
-            return json.loads((checkout / row["path"]).read_text(encoding="utf-8")), f"the installed {row['trainer']}'s {checkout / row['path']}"
+            return (json.loads((checkout / row["path"]).read_text(encoding="utf-8")),
+                    f"the installed {row['trainer']}'s {checkout / row['path']}")
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             pass
     zero = {"stage": row["stage"], "offload_optimizer": {"device": row["offload_optimizer"]},
@@ -202,7 +206,8 @@ def distributed_fsdp(b: Builder, source: str, options: dict) -> None:
     """FSDP settings (offload_params / fsdp_offload_params) into [distributed]."""
     offload = any(str(options.get(k, "")).lower() in ("true", "1") for k in ("offload_params", "fsdp_offload_params"))
     _distributed(b, source, "fsdp", ["optimizer", "parameters"] if offload else [], "FSDP")
-    b.caveat(source.split(" ")[0], memory=True, text="FSDP shards the weights, gradients and optimizer states across the GPUs: where "
+    b.caveat(source.split(" ")[0], memory=True, text="FSDP shards the weights, gradients and optimizer states across "
+             "the GPUs: where "
              "the forecast does not model the sharding, the single-device memory checks over-count them by up to "
              "(1 - 1/world_size)")
 
@@ -212,7 +217,8 @@ def _distributed(b: Builder, source: str, strategy: str, offload: list, what: st
     cpu = "both" if len(offload) == 2 else offload[0] if offload else "none"
     b.put(source, "distributed", "cpu_offload", cpu)
     if offload:
-        b.caveat(source.split(" ")[0], memory=True, text=f"{what} offloads {' and '.join(offload)} to host memory: carried as "
+        b.caveat(source.split(" ")[0], memory=True, text=f"{what} offloads {' and '.join(offload)} to host "
+                 f"memory: carried as "
                  f"[distributed] cpu_offload = \"{cpu}\"; the device-memory checks measure them on the device "
                  "(an upper bound) and host memory must hold them")
 
@@ -298,7 +304,8 @@ def _save_steps(b: Builder, row, name: str, value: Any, default: bool) -> None:
         b.caveat(name.split(" ")[0], f"{value} of the total steps between checkpoints: headroom.disk counts "
                  "save_total_limit checkpoints whatever the cadence; [training] save_steps keeps its default")
     else:
-        b.put(name, "training", "save_steps", b.integer(name.split(" ")[0], value, "optimizer steps between checkpoints "
+        b.put(name, "training", "save_steps", b.integer(name.split(" ")[0], value,
+                                                        "optimizer steps between checkpoints "
                                                          "(or a fraction below 1 of the total)", low=1))
 
 
@@ -416,7 +423,8 @@ def _precision(b: Builder, row, name: str, value: Any, default: bool) -> None:
     if value in (True, "auto", "full"):
         b.put(name, "model", "dtype", PRECISION[key])
         if key == "pure_bf16":
-            b.caveat(key, memory=True, text="pure bf16: trainable weights and optimizer states stay in bf16 (no float32 master copy): "
+            b.caveat(key, memory=True, text="pure bf16: trainable weights and optimizer states stay in bf16 (no "
+                     "float32 master copy): "
                      "where the step keeps float32 trainable weights, their memory is over-counted by 2 bytes per "
                      "trained parameter, and updates smaller than bf16's precision are lost")
     elif value is False and key == "bf16" and not any(b.raw.get(k) for k in PRECISION if k != "bf16"):
@@ -425,7 +433,9 @@ def _precision(b: Builder, row, name: str, value: Any, default: bool) -> None:
         b.mapped.append((name, "(no dtype change)"))
 
 
-SHARED_HANDLERS = {"attention": _attention, "precision": _precision, "optimizer": _optimizer, "scheduler": _scheduler, "deepspeed": _deepspeed, "fsdp": _fsdp,
-                   "stop_tokens": _stop_tokens, "save_steps": _save_steps, "warmup": _warmup, "save_total_limit": _save_total_limit,
+SHARED_HANDLERS = {"attention": _attention, "precision": _precision, "optimizer": _optimizer, "scheduler": _scheduler,
+                   "deepspeed": _deepspeed, "fsdp": _fsdp,
+                   "stop_tokens": _stop_tokens, "save_steps": _save_steps, "warmup": _warmup,
+                   "save_total_limit": _save_total_limit,
                    "model": _model, "revision": _revision, "low_rank": _low_rank,
                    "eval_split": _eval_split}

@@ -166,7 +166,8 @@ def _finetuning(b: Builder) -> None:
     modules = str(b.raw.get("freeze_trainable_modules", "all"))
     total = _layer_count(b)
     if b.raw.get("use_llama_pro"):
-        b.caveat("use_llama_pro", memory=True, text=f"LLaMA-Pro adds {abs(layers)} copied blocks and trains only them: the checks do "
+        b.caveat("use_llama_pro", memory=True, text=f"LLaMA-Pro adds {abs(layers)} copied blocks and trains only them: "
+                 f"the checks do "
                  "not expand the model, so weights are under-counted by those blocks and trained parameters by "
                  "everything else frozen; set [training] trainable in ftready.toml to the new blocks' names")
         return
@@ -228,15 +229,16 @@ def _data(b: Builder) -> None:
     if info is not None:
         _dataset_entry(b, names, info, info_path)
     files: list[Path] = []
+    known = info if info is not None else {}
     for name in names if info is not None else []:
         where = f"dataset {name!r}"
-        entry = info.get(name)
-        if name in info and not isinstance(entry, dict):
+        entry = known.get(name)
+        if name in known and not isinstance(entry, dict):
             raise b.fail("dataset", f"{info_path.name} {name}: expected a mapping like {{\"file_name\": "
                          f"\"chats.jsonl\", \"formatting\": \"sharegpt\"}}, got {type(entry).__name__}: write "
                          "the dataset's description as LLaMA-Factory's data/README describes it")
         if not isinstance(entry, dict):
-            raise b.fail("dataset", f"{name!r} is not described in {info_path}; known: {', '.join(sorted(info))}")
+            raise b.fail("dataset", f"{name!r} is not described in {info_path}; known: {', '.join(sorted(known))}")
         if not isinstance(entry.get("file_name", ""), str):
             raise b.fail("dataset", f"{info_path.name} {name}.file_name: expected a file name (a string), got "
                          f"{type(entry['file_name']).__name__}: write the rows' file, relative to {folder}")

@@ -32,7 +32,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from ..schema import _clip, _shown
 from .base import Builder
@@ -161,10 +161,11 @@ def _run_keys(path: Path, raw: Optional[dict]) -> RunKeys:
                                          for key in raw):
         raise ValueError(f"{path} [run]: default must be one of {RUN_CLASSES}; keys: what, default, neither_from, "
                          f"preprocessing and the classes")
-    return RunKeys(raw["what"], default, listed, tuple(raw.get("neither_from", ())), tuple(raw.get("preprocessing", ())))
+    return RunKeys(raw["what"], default, listed, tuple(raw.get("neither_from", ())),
+                   tuple(raw.get("preprocessing", ())))
 
 
-Handler = Callable[[Builder, Row, str, Any, bool], None]
+Handler = Callable[[Builder, Any, str, Any, bool], None]  # the row: a Row or a Deprecated key
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,7 @@ def load_deprecated(trainer: str) -> tuple[Deprecated, ...]:
     return tuple(row for row in rows if row.trainer == trainer)
 
 
-def rewrite_deprecated(b: Builder, trainer: str, handlers: dict[str, Handler]) -> set[str]:
+def rewrite_deprecated(b: Builder, trainer: str, handlers: Mapping[str, Handler]) -> set[str]:
     """Read ``b.raw``'s deprecated keys with the meaning they had: a renamed key becomes today's
     (``b.raw`` then holds the config as the installed trainer would have to be given it), a
     removed one goes through its handler. Returns the top-level keys handled here, which the
@@ -232,7 +233,7 @@ def rewrite_deprecated(b: Builder, trainer: str, handlers: dict[str, Handler]) -
     return handled
 
 
-def apply(b: Builder, table: KeyTable, handlers: dict[str, Handler], raw: Optional[dict] = None,
+def apply(b: Builder, table: KeyTable, handlers: Mapping[str, Handler], raw: Optional[dict] = None,
           defaults: Optional[dict] = None) -> None:
     """Walk ``raw`` (the config; default ``b.raw``) through ``table``: trainer defaults for the
     translated rows the config is silent about first, then every key in the config's order.
@@ -241,6 +242,7 @@ def apply(b: Builder, table: KeyTable, handlers: dict[str, Handler], raw: Option
     raw = b.raw if raw is None else raw
     defaults = defaults or {}
     b.run_keys = table.run
+    row: Optional[Row]
     for row in table.rows:
         if row.cls != "translated" or row.prefix or any(n in raw for n in (row.names[0], *row.aliases)):
             continue
@@ -280,7 +282,7 @@ def apply(b: Builder, table: KeyTable, handlers: dict[str, Handler], raw: Option
             _translate(b, row, name, value, handlers, False)
 
 
-def read_config(b: Builder, trainer: str, handlers: dict[str, Handler], ask: Callable, reader: str,
+def read_config(b: Builder, trainer: str, handlers: Mapping[str, Handler], ask: Callable, reader: str,
                 command: str) -> None:
     """Read ``b.raw`` as ``trainer`` would: its deprecated keys with the meaning they had, then the
     installed trainer's own reading (``ask``: (values, known keys, version[, warnings]) or None
@@ -360,7 +362,7 @@ def _unknown(b: Builder, table: KeyTable, key: str) -> None:
                   + (f"; did you mean {close[0]}?" if close else ": no check reads it"))
 
 
-def _translate(b: Builder, row: Row, name: str, value: Any, handlers: dict[str, Handler], default: bool) -> None:
+def _translate(b: Builder, row: Row, name: str, value: Any, handlers: Mapping[str, Handler], default: bool) -> None:
     if row.how:
         try:
             handlers[row.how](b, row, name, value, default)

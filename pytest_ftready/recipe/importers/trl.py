@@ -42,7 +42,8 @@ def ask_trl(raw: dict) -> Optional[tuple[dict, frozenset, str]]:
             warnings.simplefilter("ignore")
             namespace, _ = parser.parse_known_args([])
     except SystemExit:  # argparse refused a value (a choice, a type)
-        raise ValueError(errors.getvalue().strip().splitlines()[-1] if errors.getvalue().strip() else "refused")
+        raise ValueError(errors.getvalue().strip().splitlines()[-1] if errors.getvalue().strip()
+                         else "refused") from None
     values = {k: v for k, v in vars(namespace).items() if v is not None}
     return values, known, trl.__version__
 
@@ -118,7 +119,8 @@ def _tokenizer(b: Builder, row, name: str, value: Any, default: bool) -> None:
         b.mapped.append((name, "(unset: the model's tokenizer)"))
         return
     local = b.local_path(text)
-    template = next((p for p in (local / "chat_template.jinja",) if p.is_file()), None) if local.is_dir() else None
+    template: Path | str | None = (next((p for p in (local / "chat_template.jinja",) if p.is_file()), None)
+                                   if local.is_dir() else None)
     if template is None and local.is_dir():
         try:
             inline = json.loads((local / "tokenizer_config.json").read_text(encoding="utf-8")).get("chat_template")
@@ -129,7 +131,7 @@ def _tokenizer(b: Builder, row, name: str, value: Any, default: bool) -> None:
             template = "inline"
     if template is not None and template != "inline":
         b.put(f"{name} (its chat_template.jinja)", "data", "chat_template", str(template))
-    what = (f"the rows are rendered with its chat template ([data] chat_template); the checks still tokenize with "
+    what = ("the rows are rendered with its chat template ([data] chat_template); the checks still tokenize with "
             "the model's tokenizer, so a different vocabulary or special tokens are not reflected: point [model] "
             "path in ftready.toml at a folder holding both" if template is not None else
             f"the rows are rendered with {text!r}'s chat template, which is not readable here: data.template and "
@@ -198,7 +200,8 @@ def _precision_note(b: Builder) -> None:
     dtype = b.tables.get("model", {}).get("dtype")
     if (bf16 or fp16) and dtype == "float32":
         flag = "fp16" if fp16 else "bf16" + (" (TRL's default: on)" if b.raw.get("bf16") is None else "")
-        b.caveat("bf16" if not fp16 else "fp16", memory=True, text=f"{flag} autocast over float32 weights: the checks run the step in "
+        b.caveat("bf16" if not fp16 else "fp16", memory=True, text=f"{flag} autocast over float32 weights: the checks "
+                 f"run the step in "
                  "float32 without autocast, so activation memory is over-counted (up to 2x); set dtype: bfloat16 "
                  "to load the weights in bf16 as most recipes do")
 

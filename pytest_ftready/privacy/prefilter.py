@@ -138,7 +138,7 @@ def may_hold(text: str) -> bool:
 CHUNK = 8 << 20
 
 
-def candidate_lines(handle, find: Finder = None, read: Optional[Callable[[int], None]] = None
+def candidate_lines(handle, find: Optional[Finder] = None, read: Optional[Callable[[int], None]] = None
                     ) -> Iterator[tuple[int, str]]:
     """(line number, line) for each line of a binary ``handle`` that may hold a finding, the
     line decoded and numbered as a text-mode file reads it (UTF-8, errors replaced, universal

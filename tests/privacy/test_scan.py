@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from pytest_ftready.data.audit import scan_file
-from pytest_ftready.data.scan import iban_ok, luhn_ok, national_id_ok, redact, scan_text
+from pytest_ftready.privacy.audit import scan_file
+from pytest_ftready.privacy.scan import iban_ok, luhn_ok, national_id_ok, redact, scan_text
 from tests import planted
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from pytest_ftready.data.redaction import redact_pieces, row_values
+from pytest_ftready.privacy.redaction import redact_pieces, row_values
 from pytest_ftready.outputs.gate import Gate
 from tests import planted
 
@@ -64,7 +64,7 @@ def test_gate_refuses_learned_values_in_every_form_and_writer(tmp_path):
 def test_numbers_in_a_json_artifact_are_not_read_as_findings(tmp_path):
     """A float's decimals can match a pattern (11 digits: a national id); gating the encoded
     JSON as text wrote a marker into the number and left series.json unreadable."""
-    from pytest_ftready.data.redaction import finding_values
+    from pytest_ftready.privacy.redaction import finding_values
 
     series = {"sustained.throughput": [10363.920376114858, 10216.36509855024, 19610.31280239611]}
     assert finding_values(json.dumps(series, indent=2))  # the digits alone look like a finding

@@ -12,6 +12,7 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 SECRET_KINDS = frozenset({
@@ -37,10 +38,12 @@ _PATTERNS = [
     ("slack_token", r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),
     ("huggingface_token", r"\bhf_[A-Za-z]{34}\b"),
     ("anthropic_key", r"\bsk-ant-[A-Za-z0-9_-]{32,}"),
-    ("openai_key", r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}T3BlbkFJ[A-Za-z0-9_-]{20,}|\bsk-(?:proj|svcacct|admin)-[A-Za-z0-9_-]{40,}"),
+    ("openai_key",
+     r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}T3BlbkFJ[A-Za-z0-9_-]{20,}|\bsk-(?:proj|svcacct|admin)-[A-Za-z0-9_-]{40,}"),
     ("stripe_key", r"\b(?:sk|rk)_live_[0-9A-Za-z]{24,}"),
     ("azure_storage_key", r"AccountKey=[A-Za-z0-9+/]{86}==|\bAZURE_[A-Z_]*KEY\s*[=:]\s*['\"]?[A-Za-z0-9+/]{40,}={0,2}"),
-    ("aws_secret_access_key", r"(?i)aws_?secret_?access_?key\s*[\"']?\s*[=:]\s*[\"']?[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+])"),
+    ("aws_secret_access_key",
+     r"(?i)aws_?secret_?access_?key\s*[\"']?\s*[=:]\s*[\"']?[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+])"),
     ("assigned_secret", r"(?i)(?:password|passwd|pwd|secret|token|api[_-]?key|apikey|access[_-]?key|client[_-]?secret"
                         r"|auth[_-]?token|private[_-]?key)[\"']?\s*[=:]\s*[\"']?[^\s\"',;]{12,}"),
     ("email", r"\b[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9.-]+\.[A-Za-z]{2,24}\b"),
@@ -49,7 +52,8 @@ _PATTERNS = [
     ("national_id", r"\b\d{3}-\d{2}-\d{4}\b|\b\d{3}\.\d{3}\.\d{3}-\d{2}\b|\b[XYZ]?\d{7,8}-?[A-Z]\b"
                     r"|\b\d{4} \d{4} \d{4}\b|\b\d{17}[\dX]\b|\b\d{11}\b"),
     ("phone", r"(?<![\w+])\+\d{1,3}(?:[ .-]?\(?\d{1,4}\)?){2,5}(?![\w])|\(\d{3}\) ?\d{3}-\d{4}\b"),
-    ("ip_address", r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?![\w.])|(?<![\w:])(?:[0-9A-Fa-f]{1,4}:){2,7}[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{1,4})*(?![\w:])"),
+    ("ip_address",
+     r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?![\w.])|(?<![\w:])(?:[0-9A-Fa-f]{1,4}:){2,7}[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{1,4})*(?![\w:])"),
 ]
 def _scoped(pattern: str) -> str:
     """A leading (?i) becomes (?i:...) so the patterns can be joined into one alternation."""
@@ -61,12 +65,16 @@ _ORDER = {name: i for i, (name, _) in enumerate(_PATTERNS)}
 # A kind can only match where one of its literals occurs (checked in lower-cased text; None:
 # always possible). Skipping absent kinds keeps the one-pass pattern small: the speed.
 _TRIGGERS: dict[str, Optional[tuple[str, ...]]] = {
-    "private_key": ("-----begin",), "jwt": ("eyj",), "aws_access_key_id": ("akia", "asia", "agpa", "aida", "aroa", "anpa"),
+    "private_key": ("-----begin",), "jwt": ("eyj",),
+    "aws_access_key_id": ("akia", "asia", "agpa", "aida", "aroa", "anpa"),
     "gcp_api_key": ("aiza",), "github_token": ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
-    "gitlab_token": ("glpat-",), "slack_webhook": ("hooks.slack.com",), "slack_token": ("xox",), "huggingface_token": ("hf_",),
-    "anthropic_key": ("sk-ant-",), "openai_key": ("sk-",), "stripe_key": ("_live_",), "azure_storage_key": ("accountkey=", "azure_"),
+    "gitlab_token": ("glpat-",), "slack_webhook": ("hooks.slack.com",), "slack_token": ("xox",),
+    "huggingface_token": ("hf_",),
+    "anthropic_key": ("sk-ant-",), "openai_key": ("sk-",), "stripe_key": ("_live_",),
+    "azure_storage_key": ("accountkey=", "azure_"),
     "aws_secret_access_key": ("secret",), "assigned_secret": ("pass", "pwd", "secret", "token", "key", "auth"),
-    "email": ("@",), "iban": None, "payment_card": None, "national_id": None, "phone": ("+", "("), "ip_address": (".", ":"),
+    "email": ("@",), "iban": None, "payment_card": None, "national_id": None, "phone": ("+", "("),
+    "ip_address": (".", ":"),
 }
 _DIGIT = re.compile(r"\d")
 _DIGIT_KINDS = frozenset({"iban", "payment_card", "national_id", "phone", "ip_address"})
@@ -83,7 +91,7 @@ def active_kinds(text: str) -> tuple[str, ...]:
     digits = _DIGIT.search(text) is not None
     return tuple(name for name, _ in _PATTERNS
                  if (digits or name not in _DIGIT_KINDS)
-                 and (_TRIGGERS[name] is None or any(t in lower for t in _TRIGGERS[name])))
+                 and (_TRIGGERS[name] is None or any(t in lower for t in _TRIGGERS[name] or ())))
 _SECRET_NAME = re.compile(r"(?i)^[\"']?[a-z_-]*?(?:password|passwd|pwd|secret|token|api[_-]?key|apikey|access[_-]?key"
                           r"|client[_-]?secret|auth[_-]?token|private[_-]?key)[\"']?\s*[=:]\s*[\"']?")
 RESERVED_EMAIL_DOMAINS = ("example.com", "example.org", "example.net", ".example", ".test", ".invalid", ".localhost")
@@ -234,8 +242,8 @@ def national_id_ok(value: str) -> bool:
             number = str("XYZ".index(prefix)) + number
         return len(number) == 8 and _DNI_LETTERS[int(number) % 23] == letter
     if re.fullmatch(r"\d{4} \d{4} \d{4}", value):
-        digits = value.replace(" ", "")
-        return digits[0] not in "01" and _verhoeff_ok(digits)
+        aadhaar = value.replace(" ", "")
+        return aadhaar[0] not in "01" and _verhoeff_ok(aadhaar)
     if re.fullmatch(r"\d{17}[\dX]", value):
         weights = [7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2]
         total = sum(int(ch) * w for ch, w in zip(value[:17], weights))
@@ -265,9 +273,11 @@ def scan_text(text: str, categories: frozenset[str] = frozenset({"secrets", "pii
     combined = _combined(kinds)
     pos = 0
     while (match := combined.search(text, pos)) is not None:
-        found = _accept(match.lastgroup, match.group(), match.start(), match.end(), categories)
+        kind_name = match.lastgroup
+        assert kind_name is not None  # every alternative of the combined pattern is a named group
+        found = _accept(kind_name, match.group(), match.start(), match.end(), categories)
         if found is None:
-            for kind, pattern in _SINGLE[_ORDER[match.lastgroup] + 1:]:
+            for kind, pattern in _SINGLE[_ORDER[kind_name] + 1:]:
                 other = pattern.match(text, match.start()) if kind in kinds else None
                 if other and (found := _accept(kind, other.group(), other.start(), other.end(), categories)):
                     break
@@ -326,7 +336,8 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
 def _child(path: str, key, i: int) -> str:
     """The path of a dict's item: by its key where the key is a plain name, else by its place
     (a path is printed, and a key may itself be personal data)."""
-    plain = key in _FIELD_NAMES or (isinstance(key, str) and _NAME.fullmatch(key) and next(scan_text(key), None) is None)
+    plain = key in _FIELD_NAMES or (isinstance(key, str) and _NAME.fullmatch(key)
+                                    and next(scan_text(key), None) is None)
     name = key if plain else f"(key {i + 1})"
     return f"{path}.{name}" if path else name
 
@@ -366,11 +377,10 @@ def across_parts(text: str, cuts: tuple[int, ...], categories: frozenset[str] = 
             yield finding
 
 
-def load_allowlist(path: Optional[str]) -> frozenset[str]:
+def load_allowlist(path: Path | str | None) -> frozenset[str]:
     """Fingerprints of accepted findings: one per line, '#' comments allowed."""
     if not path:
         return frozenset()
-    from pathlib import Path
 
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     return frozenset(line.split("#", 1)[0].strip() for line in lines if line.split("#", 1)[0].strip())

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pytest_ftready.data import audit, prefilter
+from pytest_ftready.privacy import audit, prefilter
 from tests import planted
 
 ALL = frozenset({"secrets", "pii"})

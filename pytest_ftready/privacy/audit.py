@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
+from ..data.rows import Row, chunks
 from .prefilter import candidate_lines, may_hold
-from .rows import Row, chunks
 from .scan import Finding, active_kinds, across_parts, iter_strings, joined_parts, scan_text
 
 Learn = Callable[[str, str], None]  # (value, kind): told each finding's value, e.g. the output gate
@@ -228,8 +228,8 @@ def scan_files(paths: Iterable[Path], categories: frozenset[str], learn: Optiona
     PARALLEL_MIN_BYTES["scan"] of files, where workers pay off). The findings, their order and
     the values told to ``learn`` are the same for 1 or N workers. ``part_bytes``: a worker's
     share of a text file (PART_BYTES; smaller in tests)."""
-    from .meter import Meter
-    from .passes import workers_for
+    from ..data.meter import Meter
+    from ..data.passes import workers_for
 
     start = time.perf_counter()
     files = [Path(p) for p in paths if Path(p).is_file()]
@@ -248,7 +248,7 @@ def _scan_in_workers(parts: list, categories: frozenset[str], learn: Optional[Le
                      meter) -> list[Located]:
     """The parts scanned in worker processes; their findings numbered and ``learn`` told their
     values here, in file order, as one process does."""
-    from .passes import in_order
+    from ..data.passes import in_order
 
     found: list[Located] = []
     lines_before: dict = {}  # file -> lines in its parts done so far (they arrive in file order)
@@ -373,8 +373,8 @@ class ScanResult:
     not_scanned: tuple = ()  # "path: why" for each root or entry that could not be scanned
 
 
-def scan_paths(roots: Iterable[Path], categories: frozenset[str], allowlist: Optional[str],
-               learn: Optional[Callable[[str], None]] = None,
+def scan_paths(roots: Iterable[Path], categories: frozenset[str], allowlist: Path | str | None,
+               learn: Optional[Learn] = None,
                progress: Optional[Callable[[str], None]] = None, workers: Optional[int] = None) -> ScanResult:
     """Scan every file under ``roots`` once for every category; the allowlist read alongside.
     ``learn`` receives each finding's value (the output gate), which no result carries. What

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ftready.data import audit
-from pytest_ftready.data.audit import scan_files, scan_parts
+from pytest_ftready.privacy import audit
+from pytest_ftready.privacy.audit import scan_files, scan_parts
 from pytest_ftready.data.passes import PassFailed
 from tests import planted
 from tests.helpers import fails

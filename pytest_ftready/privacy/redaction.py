@@ -9,10 +9,11 @@ value cut short at either edge of the text (truncation at max_length)."""
 from __future__ import annotations
 
 import re
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, TypeVar
 
 from .scan import iter_strings, joined_parts, scan_text
 
+Tag = TypeVar("Tag")  # what a piece carries besides its text (e.g. trained or not)
 MIN_EDGE_CHARS = 2  # a shorter cut-off fragment of a value tells nothing
 
 
@@ -90,14 +91,14 @@ def redact_text(text: str, values: Mapping[str, str] = {}, edges: bool = False) 
     return "".join(piece for piece, _ in redact_pieces([(text, None)], values, edges))
 
 
-def redact_pieces(pieces: Iterable[tuple[str, object]], values: Mapping[str, str] = {},
-                  edges: bool = True) -> list[tuple[str, object]]:
+def redact_pieces(pieces: Iterable[tuple[str, Tag]], values: Mapping[str, str] = {},
+                  edges: bool = True) -> list[tuple[str, Tag]]:
     """``[(text, tag)]`` (e.g. runs of trained / masked tokens) redacted as ONE text: a value
     that spans pieces is replaced by one marker, placed in the piece where it starts."""
     pieces = list(pieces)
     joined = "".join(text for text, _ in pieces)
     ranges = value_ranges(joined, values, edges)
-    out: list[tuple[str, object]] = []
+    out: list[tuple[str, Tag]] = []
     offset, k = 0, 0
     for text, tag in pieces:
         start, end = offset, offset + len(text)

@@ -1,0 +1,257 @@
+"""The encoder's speed-ups: ``FastPaths.encode_many`` gives exactly what ``Encoder.encode`` gives
+row by row (``data/encoding.py``), faster, for chat rows in three steps that build on each other:
+
+* **spliced renders**: a row's contents spliced into its structure's render (``data/skeleton.py``)
+  instead of one template render per trained turn;
+* **batched, threaded tokenizing**: spliced rows tokenized BATCH_ROWS at a time by the backend
+  tokenizer, each batch in a thread while the rows before it are labelled (the backend releases
+  the GIL);
+* **offsets from token widths**: where the tokens of a text cover it end to end, their offsets
+  are read from each token's width (``data/tiling.py``) and the backend skips making them;
+  trusted for a kind of text (ASCII, other UTF-8) only once a batch's real offsets agreed.
+
+Rows none of these apply to go through ``Encoder.encode``. tests/data/test_fast_paths.py,
+test_tiling.py and test_skeleton.py hold every path equal to the row-by-row one.
+"""
+
+from __future__ import annotations
+
+import enum
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
+
+from .layouts import Chat, Sample
+from .rows import Row
+from .skeleton import Splicer, needles
+from .tiling import ASCII, UTF8, Widths, columns, holder, widths
+from .verify import dropped_by_template
+
+if TYPE_CHECKING:
+    from .encoding import Encoded, Encoder
+
+# spliced chat rows tokenized in one call (each row's offsets are Python objects until labelled)
+BATCH_ROWS = 256
+
+
+class WidthCheck(enum.Enum):
+    """Whether the token widths give a kind of text's offsets, as the first batch with such text found."""
+
+    UNCHECKED = "unchecked"  # no batch had text of this kind yet: tokenized with offsets, compared
+    AGREES = "agrees"  # the widths gave the offsets: read from them, without offsets from the backend
+    DIFFERS = "differs"  # they differed once: this tokenizer is not what tiling.py reads it as; offsets always
+
+
+class FastPaths:
+    """The speed-ups of one ``Encoder``: its splicer, its token widths and what they were checked to give."""
+
+    def __init__(self, encoder: Encoder, named_templates: Sequence[str]) -> None:
+        self.encoder = encoder
+        tok = encoder.tok
+        specials = [str(v) for v in tok.special_tokens_map.values()]
+        tested = [needles(t, specials) for t in named_templates]  # a row with tools may pick another template
+        found = [needle for needle in tested if needle is not None]
+        self.splicer: Optional[Splicer] = (
+            Splicer(encoder.char_budget, frozenset().union(*found))
+            if encoder.may_hold_chat and encoder.renderer.fast and len(found) == len(tested) else None)
+        # offsets are looked at for masks and verification only (not under train_on = "all"), of the
+        # text as tokenized (no special tokens added)
+        backend = self.backend() if self.splicer is not None else None
+        self.widths: Optional[Widths] = (
+            widths(backend) if backend is not None and encoder.train_on != "all" and not encoder.add_special
+            else None)
+        self.checks: dict[str, WidthCheck] = {ASCII: WidthCheck.UNCHECKED, UTF8: WidthCheck.UNCHECKED}
+
+    def encode_many(self, pairs: Sequence[tuple[Row, Sample]]) -> list[Encoded]:
+        """``[encoder.encode(row, sample) for row, sample in pairs]``, the same Encoded, faster."""
+        encoder = self.encoder
+        out: list[Optional[Encoded]] = [None] * len(pairs)
+        if self.splicer is not None:
+            with ThreadPoolExecutor(1, thread_name_prefix="ftready-tokenize") as pool:
+                # transformers' own __call__ holds the GIL: no thread for it
+                submit = pool.submit if self.backend() is not None else _now
+                waiting = None  # (batch, future of its tokenizations)
+                for batch in self._spliced_batches(pairs):
+                    texts = [text for _, _, (text, _, _) in batch]
+                    future = submit(self._tokenize_both, texts, self.kinds_from_widths())
+                    if waiting is not None:
+                        self._encode_spliced(pairs, *waiting, out)
+                    waiting = batch, future
+                if waiting is not None:
+                    self._encode_spliced(pairs, *waiting, out)
+        return [e if e is not None else encoder.encode(row, sample) for e, (row, sample) in zip(out, pairs)]
+
+    def _spliced_batches(self, pairs: Sequence[tuple[Row, Sample]]) -> Iterator[list]:
+        """[(index in pairs, chat, splice)] of the chat rows the splicer renders, BATCH_ROWS at a time."""
+        encoder, splicer = self.encoder, self.splicer
+        assert splicer is not None
+        render_marked = encoder.render_marked if encoder.markers else None
+        batch = []
+        for k, (_, sample) in enumerate(pairs):
+            # a row whose contents alone are past the budget, or of more messages than max_length, is
+            # never spliced (its text would be past it): the row-by-row path cuts it before its per-turn renders
+            if (isinstance(sample, Chat) and len(sample.messages) <= encoder.max_length
+                    and _content_chars(sample) <= encoder.char_budget):
+                done = splicer.splice(sample, encoder.render, render_marked)
+                if done is not None:
+                    batch.append((k, sample, done))
+                    if len(batch) == BATCH_ROWS:
+                        yield batch
+                        batch = []
+        if batch:
+            yield batch
+
+    def kinds_from_widths(self) -> frozenset[str]:
+        """The kinds of text whose offsets are read from the widths (the backend makes none for them)."""
+        if self.widths is None:
+            return frozenset()
+        return frozenset(kind for kind, check in self.checks.items() if check is WidthCheck.AGREES)
+
+    def _tokenize_both(self, texts: list[str], from_widths: frozenset[str] = frozenset()
+                       ) -> tuple[list, list, Optional[list]]:
+        """Each text's tokenization without and with the tokenizer's special tokens, and each
+        text's kind where its offsets come from the widths (else None): the texts of the
+        ``from_widths`` kinds, tokenized without offsets (the backend's ``encode_batch_fast``)."""
+        backend = self.backend()
+        if from_widths and hasattr(backend, "encode_batch_fast"):  # tokenizers 0.20.2+
+            assert self.widths is not None
+            kinds = [kind if kind in from_widths else None for kind in map(self.widths.kind, texts)]
+            fast = iter(backend.encode_batch_fast([t for t, k in zip(texts, kinds) if k], add_special_tokens=False))
+            full = iter(backend.encode_batch([t for t, k in zip(texts, kinds) if not k], add_special_tokens=False))
+            base = [next(fast) if k else next(full) for k in kinds]
+            return base, base, kinds
+        base = self.tokenize_many(texts, False)
+        return base, (self.tokenize_many(texts, True) if self.encoder.add_special else base), None
+
+    def _encode_spliced(self, pairs: Sequence[tuple[Row, Sample]], batch: list, tokenized: Future,
+                        out: list) -> None:
+        raw_base, raw_final, kinds = tokenized.result()
+        texts = [text for _, _, (text, _, _) in batch]
+        if kinds is not None:
+            base = final = self.read_without_offsets(raw_base, texts, kinds)
+        else:
+            base = _readable(raw_base)
+            final = base if raw_final is raw_base else _readable(raw_final)
+            # only the backend's own encodings are read from the widths (not the tokenizer __call__'s)
+            if self.widths is not None and isinstance(base[0], _Encoding):
+                self.read_columns(base, texts, [True] * len(base))
+        for n, (k, chat, (text, generation, spans)) in enumerate(batch):
+            out[k] = self.encoder.chat_labels(pairs[k][0], chat, text, generation, dict(zip(chat.trained, spans)),
+                                              dropped_by_template(chat, text), base[n], final[n], False)
+
+    def read_columns(self, encodings: list, texts: list[str], chosen: list[bool]) -> None:
+        """Give the ``chosen`` encodings (with offsets) whose tokens cover their text end to end
+        their ``columns`` from the widths. A kind of text still UNCHECKED is compared with the
+        offsets themselves here: AGREES when all of a batch's agree, DIFFERS (for good) when one does not."""
+        assert self.widths is not None
+        found = {}
+        for n, (e, text, flag) in enumerate(zip(encodings, texts, chosen)):
+            kind = self.widths.kind(text) if flag else None
+            if kind is not None and self.checks[kind] is not WidthCheck.DIFFERS:
+                found[n] = kind, columns(self.widths, text, e.input_ids, kind)
+        for kind, check in self.checks.items():
+            if check is WidthCheck.UNCHECKED:
+                mine = [(n, c) for n, (k, c) in found.items() if k == kind and c is not None]
+                if any(list(zip(*c)) != encodings[n].offset_mapping for n, c in mine):
+                    self.checks[kind] = WidthCheck.DIFFERS
+                elif mine:
+                    self.checks[kind] = WidthCheck.AGREES
+        for n, (kind, c) in found.items():
+            if self.checks[kind] is not WidthCheck.DIFFERS:
+                encodings[n].columns = c
+
+    def read_without_offsets(self, encodings: list, texts: list[str], kinds: list) -> list:
+        """The batch's tokenizations, those without offsets (``kinds``: their kind, None for the
+        others) given their columns from the widths; one whose tokens do not cover its text end to
+        end is tokenized again, with offsets. The others go through ``read_columns``."""
+        assert self.widths is not None
+        out = []
+        for e, text, kind in zip(encodings, texts, kinds):
+            if kind is None:
+                out.append(_Encoding(e))
+                continue
+            ids = e.ids
+            found = columns(self.widths, text, ids, kind)
+            out.append(_Encoding(e, ids, found) if found is not None
+                       else _readable(self.tokenize_many([text], False))[0])
+        if None in kinds:
+            self.read_columns(out, texts, [kind is None for kind in kinds])
+        return out
+
+    def backend(self) -> Any:
+        """The backend tokenizer when the tokenizer left it as its __call__ does (no truncation,
+        no padding, its split_special_tokens): batches then go to it directly, in a thread of their
+        own (it reads nothing of Python's and releases the GIL); else None."""
+        tok = self.encoder.tok
+        backend = getattr(tok, "_tokenizer", None)
+        if (backend is not None and backend.truncation is None and backend.padding is None
+                and backend.encode_special_tokens == bool(getattr(tok, "split_special_tokens", False))):
+            return backend
+        return None
+
+    def tokenize_many(self, texts: list[str], add_special: bool) -> list:
+        """Each text's tokenization with offsets, as ``tok(text, return_offsets_mapping=True)``
+        gives it, without a per-row conversion to a dict."""
+        backend = self.backend()
+        if backend is not None:
+            return backend.encode_batch(texts, add_special_tokens=add_special)
+        batch = self.encoder.tok(texts, add_special_tokens=add_special, return_offsets_mapping=True)
+        return [_Item(batch, n) for n in range(len(texts))]
+
+
+def _now(function, *args) -> Future:
+    """``function(*args)`` called here and now, as a done future."""
+    future: Future = Future()
+    future.set_result(function(*args))
+    return future
+
+
+def _readable(encodings: list) -> list:
+    """Backend ``Encoding``s read as __call__ results (``_Encoding``); ``_Item``s as they are."""
+    return [_Encoding(e) if not isinstance(e, _Item) else e for e in encodings]
+
+
+class _Item:
+    """Row ``index`` of a batch tokenization, read as the tokenization of that one text."""
+
+    __slots__ = ("batch", "index")
+
+    def __init__(self, batch, index: int) -> None:
+        self.batch, self.index = batch, index
+
+    def __getitem__(self, key: str):
+        return self.batch[key][self.index]
+
+    def char_to_token(self, char: int):
+        return self.batch.char_to_token(self.index, char)
+
+
+class _Encoding:
+    """A backend ``tokenizers.Encoding`` read as the tokenizer's __call__ result for one text; its
+    offsets become Python objects when first asked for. ``columns``: the tokens' (starts, ends)
+    from their widths (``tiling.columns``), when those give them: then the offsets and
+    ``char_to_token`` are read from them (an encoding of ``encode_batch_fast`` has no offsets of its own)."""
+
+    __slots__ = ("encoding", "input_ids", "_offsets", "columns")
+
+    def __init__(self, encoding, ids: Optional[list[int]] = None,
+                 columns: Optional[tuple[list[int], list[int]]] = None) -> None:
+        self.encoding, self.input_ids = encoding, (encoding.ids if ids is None else ids)
+        self._offsets: Optional[list] = None
+        self.columns = columns
+
+    @property
+    def offset_mapping(self) -> list:
+        if self._offsets is None:
+            self._offsets = self.encoding.offsets if self.columns is None else list(zip(*self.columns))
+        return self._offsets
+
+    def __getitem__(self, key: str):
+        return self.input_ids if key == "input_ids" else self.offset_mapping
+
+    def char_to_token(self, char: int):
+        return self.encoding.char_to_token(char) if self.columns is None else holder(self.columns[1], char)
+
+
+def _content_chars(chat: Chat) -> int:
+    """The characters of a conversation's string contents."""
+    return sum(len(m["content"]) for m in chat.messages if isinstance(m.get("content"), str))
