@@ -20,21 +20,19 @@ from __future__ import annotations
 import bisect
 import operator
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ..recipe.schema import CHAT_FORMATS
+from .encoded import Encoded
 from .fast_encoding import FastPaths
 from .layouts import Chat, Plain, Sample, read_sample
 from ..privacy.redaction import redact_pieces, row_values
 from .rendering import Renderer, generation_runs
 from .rows import Row
-from .specials import KIND as SPECIALS
 from .verify import (IGNORE_INDEX, content_texts, dropped_by_template, empty_block_pattern, empty_reasoning,
                      empty_reasoning_problem, reasoning_tags, runs, sequence_problems, verify_turns)
 
-# Problems that make a row unusable for training (the engine leaves such rows out).
-BLOCKING = frozenset({"render_error", "markers_empty", "truncated_all", "no_supervised", SPECIALS})
 # Encoded.method of rows rendered through the chat template: how their trained spans were found
 GENERATION_MARKERS = "generation-markers"
 PREFIX_DIFF = "prefix-diff"
@@ -45,34 +43,6 @@ MARKERS = re.compile(r"\{%-?\s*generation\s*-?%\}")
 # budget: the messages after lie beyond max_length tokens and are left out, so a row's per-turn renders
 # cost what its first max_length tokens cost
 LEADING_MESSAGES = 16
-
-
-@dataclass(frozen=True)
-class Encoded:
-    row: Row
-    input_ids: tuple[int, ...]
-    labels: tuple[int, ...]
-    method: str
-    full_length: int  # tokens before truncation (at least this many when ``cut``)
-    trained_full: int  # supervised tokens before truncation (at least this many when ``cut``)
-    problems: tuple[tuple[str, str], ...] = ()  # (kind, detail)
-    cut: bool = False  # the row was far beyond max_length: only its start was tokenized
-    # token runs of trained messages that their inference prompt already holds (a reasoning
-    # template's "<think>\n"): never generated, so rightly not trained
-    prompted: tuple[tuple[int, int], ...] = ()
-
-    @property
-    def trained(self) -> int:
-        return len(self.labels) - self.labels.count(IGNORE_INDEX)
-
-    @property
-    def length(self) -> int:
-        return len(self.input_ids)
-
-    @property
-    def trainable(self) -> bool:
-        """Some token carries loss and no problem blocks the row: what training uses."""
-        return self.trained > 0 and not any(kind in BLOCKING for kind, _ in self.problems)
 
 
 def stop_token_ids(tokenizer, generation_eos: Iterable[int] = (), extra: Iterable[str] = ()) -> frozenset[int]:

@@ -18,16 +18,34 @@ from __future__ import annotations
 
 import enum
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
+from .encoded import Encoded
 from .layouts import Chat, Sample
 from .rows import Row
 from .skeleton import Splicer, needles
 from .tiling import ASCII, UTF8, Widths, columns, holder, widths
 from .verify import dropped_by_template
 
-if TYPE_CHECKING:
-    from .encoding import Encoded, Encoder
+
+class _Encoder(Protocol):
+    """What the speed-ups use of the ``Encoder`` they speed up (``data/encoding.py``)."""
+
+    tok: Any
+    renderer: Any
+    train_on: str
+    add_special: bool
+    markers: bool
+    max_length: int
+    char_budget: int
+    may_hold_chat: bool
+
+    def encode(self, row: Row, sample: Optional[Sample] = None) -> Encoded: ...
+    def render(self, messages, add_generation_prompt: bool = False, tools=None) -> str: ...
+    def render_marked(self, messages, tools): ...
+
+    @property
+    def chat_labels(self) -> Callable[..., Encoded]: ...
 
 # spliced chat rows tokenized in one call (each row's offsets are Python objects until labelled)
 BATCH_ROWS = 256
@@ -44,7 +62,7 @@ class WidthCheck(enum.Enum):
 class FastPaths:
     """The speed-ups of one ``Encoder``: its splicer, its token widths and what they were checked to give."""
 
-    def __init__(self, encoder: Encoder, named_templates: Sequence[str]) -> None:
+    def __init__(self, encoder: _Encoder, named_templates: Sequence[str]) -> None:
         self.encoder = encoder
         tok = encoder.tok
         specials = [str(v) for v in tok.special_tokens_map.values()]

@@ -14,7 +14,8 @@ import pytest
 from pytest_ftready.data import meter, passes, rows as rows_module
 from pytest_ftready.data.digest import Plan, row_fingerprint
 from pytest_ftready.data.layouts import read_sample
-from pytest_ftready.data.encoding import BLOCKING, Encoder, stop_token_ids
+from pytest_ftready.data.encoded import BLOCKING
+from pytest_ftready.data.encoding import Encoder, stop_token_ids
 from pytest_ftready.data.passes import PassFailed, run_pass
 from pytest_ftready.data.rows import chunks, read_rows
 from tests.benchmarks.corpus import write_corpus
