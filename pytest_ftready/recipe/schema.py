@@ -606,7 +606,7 @@ def _regex(parser: _Parser, where: str, patterns: Any, example: str) -> None:
                               "escape a literal . ( [ with a backslash") from None
 
 
-UNSLOTH_TEMPLATE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+UNSLOTH_TEMPLATE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_. -]*")  # "vicuna old" has a space
 
 
 def _unsloth_checks(parser: _Parser, t: dict[str, PRecord]) -> None:

@@ -39,9 +39,14 @@ TEXT = "text"  # the column Unsloth's notebooks render each conversation into (d
 
 def unsloth_api():
     """(FastLanguageModel, get_chat_template, train_on_responses_only), or a Skip naming Unsloth."""
+    import warnings
+
     try:
-        from unsloth import FastLanguageModel
-        from unsloth.chat_templates import get_chat_template, train_on_responses_only
+        with warnings.catch_warnings():
+            # the checks import it after transformers (the session's): its import-order advice is for scripts
+            warnings.filterwarnings("ignore", message=".*Unsloth should be imported before")
+            from unsloth import FastLanguageModel
+            from unsloth.chat_templates import get_chat_template, train_on_responses_only
     except (ImportError, NotImplementedError, RuntimeError) as exc:  # Unsloth's own import checks raise these
         said = " ".join(str(exc).split())[:300]
         raise Skip(f"the recipe trains with Unsloth ([data] pipeline = \"unsloth\") but unsloth does not import "
