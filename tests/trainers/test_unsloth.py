@@ -53,6 +53,13 @@ def planted(tmp_path, model_dir, machine, data: str = "", **unsloth: str):
     return state_for(unsloth_recipe(tmp_path / "tiny", model_dir, data, **unsloth), tmp_path / "arts", machine)
 
 
+def failure(state, run_check, check: str) -> str:
+    """``check``'s failure message on ``state``."""
+    with pytest.raises(Fail) as info:
+        run_check(state, check)
+    return str(info.value)
+
+
 def test_masking_judges_the_labels_unsloths_train_on_responses_only_makes(unsloth_state, run_check):
     from pytest_ftready.data.rows import read_rows
 
@@ -86,42 +93,36 @@ def test_unsloths_own_resume_in_a_fresh_process_gives_the_same_losses(unsloth_st
 
 
 # ---- planted Unsloth mistakes -------------------------------------------------------------------
-def test_a_response_part_absent_from_the_template_trains_nothing_and_fails_masking(tmp_path, tiny_model_dir,
-                                                                                 real_machine, run_check):
-    state = planted(tmp_path, tiny_model_dir, real_machine, response_part="### Response:\\n")
-    with pytest.raises(Fail) as info:
-        run_check(state, "data.masking")
-    message = str(info.value)
-    assert "Unsloth train_on_responses_only would train on 0 tokens" in message
-    assert "response_part '### Response:\\n' does not occur in the rendered row, so every label is -100" in message
-
-
-def test_an_instruction_part_absent_from_the_template_masks_nothing_and_fails_masking(tmp_path, tiny_model_dir,
-                                                                                    real_machine, run_check):
-    state = planted(tmp_path, tiny_model_dir, real_machine, instruction_part="### Instruction:\\n")
-    with pytest.raises(Fail) as info:
-        run_check(state, "data.masking")
-    assert "instruction_part '### Instruction:\\n' does not occur in the rendered row, so nothing after the first " \
-           "response is masked (user turns train)" in str(info.value)
+@pytest.mark.parametrize("part, value, expected", [
+    # every label -100: the run trains nothing
+    ("response_part", "### Response:\\n", ["Unsloth train_on_responses_only would train on 0 tokens",
+                                           "response_part '### Response:\\n' does not occur in the rendered row, so "
+                                           "every label is -100"]),
+    # nothing masked after the first response: the user turns train
+    ("instruction_part", "### Instruction:\\n", ["instruction_part '### Instruction:\\n' does not occur in the rendered "
+                                                 "row, so nothing after the first response is masked (user turns train)"]),
+])
+def test_a_part_absent_from_the_rendered_template_fails_masking_naming_it(tmp_path, tiny_model_dir, real_machine,
+                                                                         run_check, part, value, expected):
+    message = failure(planted(tmp_path, tiny_model_dir, real_machine, **{part: value}), run_check, "data.masking")
+    assert all(said in message for said in expected), message
 
 
 def test_a_get_chat_template_name_other_than_the_models_own_fails_the_template_check(tmp_path, tiny_model_dir,
                                                                                    real_machine, run_check):
     # Qwen 2.5's ChatML adds its own system prompt: the parts still match, the format is not the model's
     state = planted(tmp_path, tiny_model_dir, real_machine, chat_template="qwen-2.5")
-    with pytest.raises(Fail) as info:
-        run_check(state, "data.template")
+    message = failure(state, run_check, "data.template")
     assert "Unsloth's get_chat_template('qwen-2.5') renders this row differently from the model's own chat " \
-           "template" in str(info.value)
+           "template" in message
     run_check(state, "data.masking")  # its masks are right: only the template is wrong
 
 
 def test_an_unknown_get_chat_template_name_fails_naming_unsloths_names(tmp_path, tiny_model_dir, real_machine,
                                                                        run_check):
     state = planted(tmp_path, tiny_model_dir, real_machine, chat_template="qwen2-5")
-    with pytest.raises(Fail) as info:
-        run_check(state, "data.masking")
-    assert "Unsloth's get_chat_template knows no template 'qwen2-5'; did you mean " in str(info.value)
+    message = failure(state, run_check, "data.masking")
+    assert "Unsloth's get_chat_template knows no template 'qwen2-5'; did you mean " in message
 
 
 def test_an_end_of_turn_outside_the_trained_part_fails_masking(tmp_path, tiny_model_dir, real_machine, run_check):
@@ -135,9 +136,8 @@ def test_an_end_of_turn_outside_the_trained_part_fails_masking(tmp_path, tiny_mo
                             instruction_part="<|im_end|>\\n<|im_start|>user\\n")
     unsloth_api()
     state = state_for(recipe, tmp_path / "arts", real_machine)
-    with pytest.raises(Fail) as info:
-        run_check(state, "data.masking")
-    assert "Unsloth train_on_responses_only" in str(info.value) and "stop_untrained" in str(info.value)
+    message = failure(state, run_check, "data.masking")
+    assert "Unsloth train_on_responses_only" in message and "stop_untrained" in message
 
 
 def test_a_merged_16bit_model_generating_otherwise_than_the_adapter_fails_naming_unsloth(
@@ -154,8 +154,6 @@ def test_a_merged_16bit_model_generating_otherwise_than_the_adapter_fails_naming
 
     monkeypatch.setattr(loader, "_merged_copy", merged_without_the_adapter)
     state = planted(tmp_path, tiny_model_dir, real_machine)
-    with pytest.raises(Fail) as info:
-        run_check(state, "model.overfit")
-    message = str(info.value)
+    message = failure(state, run_check, "model.overfit")
     assert message.startswith("Unsloth: the merged_16bit model (save_pretrained_merged) generates ")
     assert "the saved artifact is not the trained model (save_pretrained_merged wrote bfloat16 weights" in message
