@@ -157,3 +157,28 @@ def test_a_merged_16bit_model_generating_otherwise_than_the_adapter_fails_naming
     message = failure(state, run_check, "model.overfit")
     assert message.startswith("Unsloth: the merged_16bit model (save_pretrained_merged) generates ")
     assert "the saved artifact is not the trained model (save_pretrained_merged wrote bfloat16 weights" in message
+
+
+# ---- a team's Unsloth notebook through the pytest_ftready_trainer hook ----------------------------
+RUNS_THE_TRAINER = ("model.step_memory", "model.overfit", "lifecycle.resume", "lifecycle.generate")
+
+
+def test_the_unsloth_notebook_template_is_what_step_overfit_resume_and_generate_run(tmp_path, tiny_model_dir):
+    """conftest_templates/unsloth_notebook.py as a team's conftest.py beside the tiny example, its
+    notebook's learning rate raised for a 146k-parameter model; pytest run as a user runs it."""
+    from tests.helpers import outcomes, properties
+    from tests.plugin.full_run import run_pytest
+
+    template = (Path(__file__).resolve().parents[2] / "conftest_templates" / "unsloth_notebook.py").read_text()
+    assert template.count("learning_rate=2e-4") == 1
+    folder = copy_example(tmp_path / "tiny", tiny_model_dir)
+    (folder / "conftest.py").write_text(template.replace("learning_rate=2e-4", "learning_rate=1e-2"))
+    result = run_pytest(folder, "-k", " or ".join(RUNS_THE_TRAINER), "--junitxml=out.xml")
+    assert (folder / "out.xml").is_file(), result.stdout[-3000:] + result.stderr[-3000:]
+    found = outcomes(folder / "out.xml")
+    assert {check: found[check][0] for check in RUNS_THE_TRAINER} == dict.fromkeys(RUNS_THE_TRAINER, "passed"), \
+        {check: found.get(check) for check in RUNS_THE_TRAINER}
+    for check in RUNS_THE_TRAINER:
+        assert properties(folder / "out.xml", check)["step_trainer"] == "conftest SFTTrainer"
+    resume = properties(folder / "out.xml", "lifecycle.resume")  # the notebook's Trainer resumed in a fresh process
+    assert resume["resumed_steps[steps]"] == "2" and float(resume["resume_max_loss_difference[nats]"]) == 0
