@@ -22,7 +22,8 @@ CHAT_TEMPLATE = "chatml"  # get_chat_template's name: the one your model was tra
 INSTRUCTION_PART, RESPONSE_PART = "<|im_start|>user\n", "<|im_start|>assistant\n"
 LORA = dict(r=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
             lora_alpha=16, lora_dropout=0, bias="none", use_gradient_checkpointing="unsloth", random_state=3407)
-# The notebook's SFTConfig: what the run uses where the checks set nothing.
+# The notebook's SFTConfig: what the run uses where the checks set nothing (the notebooks' optim is
+# "adamw_8bit" on a GPU; "adamw_torch" here so the template also runs in Unsloth's CPU mode).
 SETTINGS = dict(
     dataset_text_field="text", max_length=MAX_SEQ_LENGTH, per_device_train_batch_size=2,
     gradient_accumulation_steps=4, warmup_steps=5, num_train_epochs=1, learning_rate=2e-4, logging_steps=1,
