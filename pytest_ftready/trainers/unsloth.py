@@ -236,7 +236,7 @@ class UnslothTrainer(hf.HFTrainer):
         from .trl import bounded_args, run_args, sft_trainer
 
         recipe = inputs.recipe
-        FastLanguageModel, get_chat_template, train_on_responses_only = unsloth_api()
+        _, get_chat_template, train_on_responses_only = unsloth_api()
         model, tokenizer = load(recipe)
         if recipe.unsloth.chat_template:
             tokenizer = get_chat_template(tokenizer, chat_template=recipe.unsloth.chat_template)
