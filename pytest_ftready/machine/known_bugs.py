@@ -19,7 +19,7 @@ from .pins import normalize
 
 TABLE = "known_bugs"
 TRAINER_NAMES = {"transformers": "the Hugging Face Trainer", "trl": "TRL", "axolotl": "Axolotl",
-                 "llamafactory": "LLaMA-Factory"}
+                 "llamafactory": "LLaMA-Factory", "unsloth": "Unsloth"}
 # condition key -> the Situation field it is judged on: the field's value must be in the row's list
 LIST_CONDITIONS = {"trainers": "trainer", "model_types": "model_type", "dtypes": "dtype", "attn": "attn",
                    "quantization": "quantization", "adapters": "adapter", "optimizers": "optimizer",
@@ -219,11 +219,12 @@ def needs_model_type(situation: Situation, bugs: Optional[tuple[Bug, ...]] = Non
 
 
 def recipe_trainer(recipe) -> Optional[str]:
-    """The trainer the recipe names: its importer (trl, axolotl, llamafactory), TRL for the TRL
-    pipeline, else None (a native recipe does not say what trains it)."""
+    """The trainer the recipe names: its importer (trl, axolotl, llamafactory), else the trainer
+    its [data] pipeline names (trl, unsloth, ...), else None (a native recipe on the built-in
+    engine, or "auto", does not say what trains it)."""
     if recipe.origin is not None:
         return recipe.origin.format
-    return "trl" if recipe.data.pipeline == "trl" else None
+    return None if recipe.data.pipeline in ("auto", "builtin") else recipe.data.pipeline
 
 
 def situation_of(recipe, machine, device, model_type: Optional[str] = None) -> Situation:

@@ -129,7 +129,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
                          "Axolotl val_set_size, TRL test_split_size)"),
         "pipeline": _k("choice", "auto", "whose preprocessing and training step the checks run: auto = the "
                        "config's trainer where it is installed, else builtin (pytest-ftready's own)",
-                       choices=("auto", "builtin", "trl", "axolotl", "llamafactory")),
+                       choices=("auto", "builtin", "trl", "axolotl", "llamafactory", "unsloth")),
     },
     "adapter": {
         "method": _k("choice", "lora", "none = full fine-tune", choices=("none", "lora")),
@@ -236,6 +236,15 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "export": {
         "format": _k("choice", "none", "export after training", choices=("none", "safetensors", "gguf")),
     },
+    # Unsloth's own run ([data] pipeline = "unsloth", trainers/unsloth.py, issue 39): what its script names.
+    "unsloth": {
+        "chat_template": _k("str", "", "the name handed to unsloth.chat_templates.get_chat_template (e.g. \"chatml\"); "
+                            "\"\" = the model's own template"),
+        "instruction_part": _k("str", "", "train_on_responses_only's instruction_part: the text opening a user turn "
+                               "in the rendered template, e.g. \"<|im_start|>user\\n\""),
+        "response_part": _k("str", "", "train_on_responses_only's response_part: the text opening an assistant "
+                            "turn in the rendered template, e.g. \"<|im_start|>assistant\\n\""),
+    },
     # Multi-GPU readiness (checks/distributed.py, issue 17): the checks apply to recipes with this table.
     "distributed": {
         "world_size": _k("int", 0, "processes (GPUs) per node; 0 = the visible GPUs (1 on a CPU)", most=1 << 16),
@@ -260,9 +269,10 @@ SCAN_KINDS = ("secrets", "pii")
 
 
 def _record_class(table: str, keys: dict[str, Key]) -> type[PRecord]:
-    # a subclass of the table's generated class (recipe/tables.py), so its type is what a type checker reads
+    # a subclass of the table's generated class (recipe/tables.py), so its type is what a type checker reads;
+    # a table not generated yet gets a plain PRecord, so write_tables can run (test_tables.py fails until it has)
     fields: dict[str, Any] = {name: pfield() for name in keys}
-    return type(f"{table.capitalize()}Table", (tables.TABLE_TYPES[table],), fields)
+    return type(f"{table.capitalize()}Table", (tables.TABLE_TYPES.get(table, PRecord),), fields)
 
 
 TABLE_CLASSES = {table: _record_class(table, keys) for table, keys in SCHEMA.items()}
@@ -287,6 +297,7 @@ class Recipe(PRecord):
     export: tables.ExportTable = pfield()
     origin: Any = pfield(initial=None)  # importers.Translation when read from a trainer's config, else None
     distributed: tables.DistributedTable = pfield()
+    unsloth: tables.UnslothTable = pfield()
     declared: frozenset[str] = pfield()  # frozenset of the tables written in the file (the rest are defaults)
 
     def to_dict(self) -> dict[str, Any]:
@@ -595,6 +606,7 @@ def _cross_checks(parser: _Parser, t: dict[str, PRecord]) -> None:
         raise parser.fail("[privacy] allowlist", f"{privacy.allowlist} is a folder; point it at a text file of "
                           "accepted fingerprints, one a line")
     _distributed_checks(parser, t)
+    _unsloth_checks(parser, t)
     pins = t["pins"].packages
     bad_pins = [k for k, v in pins.items() if not isinstance(v, str)]
     if bad_pins:
@@ -610,6 +622,47 @@ def _regex(parser: _Parser, where: str, patterns: Any, example: str) -> None:
         except (re.error, RecursionError, OverflowError) as exc:
             raise parser.fail(where, f"{_shown(pattern)} is not a regular expression ({exc}): {example}; "
                               "escape a literal . ( [ with a backslash") from None
+
+
+UNSLOTH_TEMPLATE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_. -]*")  # "vicuna old" has a space
+
+
+def _unsloth_checks(parser: _Parser, t: dict[str, PRecord]) -> None:
+    """[unsloth] goes with [data] pipeline = "unsloth"; train_on_responses_only needs both parts."""
+    u, data = t["unsloth"], t["data"]
+    written = [k for k in ("chat_template", "instruction_part", "response_part") if u[k]]
+    if data.pipeline != "unsloth":
+        if written:
+            raise parser.fail(f"[unsloth] {written[0]}", "applies to Unsloth's own run: write [data] pipeline = "
+                              "\"unsloth\", or remove the [unsloth] table")
+        return
+    if u.chat_template and not UNSLOTH_TEMPLATE_NAME.fullmatch(u.chat_template):
+        raise parser.fail("[unsloth] chat_template", f"expected a name from unsloth.chat_templates.CHAT_TEMPLATES "
+                          f"(e.g. \"chatml\", \"llama-3.1\"), got {_describe(u.chat_template)}")
+    if bool(u.instruction_part) != bool(u.response_part):
+        have, lack = (("instruction_part", "response_part") if u.instruction_part
+                      else ("response_part", "instruction_part"))
+        raise parser.fail(f"[unsloth] {lack}", f"missing: Unsloth's train_on_responses_only takes {have} and {lack} "
+                          "together, e.g. instruction_part = \"<|im_start|>user\\n\", response_part = "
+                          "\"<|im_start|>assistant\\n\" for ChatML")
+    if data.format in ("prompt_completion", "text") and data.train_on != "all":
+        raise parser.fail("[data] format", f"{data.format!r} with train_on = {data.train_on!r}: Unsloth's run "
+                          "trains rendered conversations (messages, sharegpt or alpaca rows) masked by "
+                          "train_on_responses_only, or whole texts with train_on = \"all\"")
+    if data.train_on == "last_assistant":
+        raise parser.fail("[data] train_on", "Unsloth's train_on_responses_only trains every assistant turn, not the "
+                          "last one only: write train_on = \"assistant\"")
+    if data.train_on == "assistant" and not u.response_part:
+        raise parser.fail("[unsloth] response_part", "missing: with train_on = \"assistant\" Unsloth masks through "
+                          "train_on_responses_only, which needs the parts the rendered template opens turns with: "
+                          "write instruction_part and response_part (ChatML: \"<|im_start|>user\\n\" and "
+                          "\"<|im_start|>assistant\\n\"), or train_on = \"all\"")
+    if data.train_on == "all" and u.response_part:
+        raise parser.fail("[unsloth] response_part", "train_on = \"all\" trains every token, so "
+                          "train_on_responses_only would not run: remove the parts, or write train_on = \"assistant\"")
+    if data.packing:
+        raise parser.fail("[data] packing", "Unsloth's train_on_responses_only masks unpacked rows: write packing = "
+                          "false for [data] pipeline = \"unsloth\"")
 
 
 def _distributed_checks(parser: _Parser, t: dict[str, PRecord]) -> None:

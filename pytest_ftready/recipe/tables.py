@@ -75,7 +75,7 @@ class DataTable(PRecord):
     eval_split: float
     """share of the training rows held out for evaluation (LLaMA-Factory val_size, Axolotl val_set_size, TRL
     test_split_size)"""
-    pipeline: Literal['auto', 'builtin', 'trl', 'axolotl', 'llamafactory']
+    pipeline: Literal['auto', 'builtin', 'trl', 'axolotl', 'llamafactory', 'unsloth']
     """whose preprocessing and training step the checks run: auto = the config's trainer where it is installed, else
     builtin (pytest-ftready's own)"""
 
@@ -263,6 +263,19 @@ class ExportTable(PRecord):
     """export after training"""
 
 
+class UnslothTable(PRecord):
+    """[unsloth]"""
+
+    chat_template: str
+    """the name handed to unsloth.chat_templates.get_chat_template (e.g. "chatml"); "" = the model's own template"""
+    instruction_part: str
+    """train_on_responses_only's instruction_part: the text opening a user turn in the rendered template, e.g.
+    "<|im_start|>user\\n\""""
+    response_part: str
+    """train_on_responses_only's response_part: the text opening an assistant turn in the rendered template, e.g.
+    "<|im_start|>assistant\\n\""""
+
+
 class DistributedTable(PRecord):
     """[distributed]"""
 
@@ -298,5 +311,6 @@ TABLE_TYPES: dict[str, type[PRecord]] = {
     'pins': PinsTable,
     'privacy': PrivacyTable,
     'export': ExportTable,
+    'unsloth': UnslothTable,
     'distributed': DistributedTable,
 }

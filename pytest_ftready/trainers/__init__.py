@@ -5,7 +5,7 @@ session asks, each handed frozen inputs (``base.RunInputs``), never the session.
 ``builtin`` is pytest-ftready's own engine, the trainer of last resort and the one every other
 trainer's run is shown beside. ``hf`` is the template of the trainers built on
 ``transformers.Trainer`` (step, overfit, saved run, fresh-process resume written once): ``trl``,
-``axolotl`` and ``llamafactory`` each supply how they build their Trainer, and ``conftest``
+``axolotl``, ``llamafactory`` and ``unsloth`` each supply how they build their Trainer, and ``conftest``
 the team's own Trainer (the ``pytest_ftready_trainer`` hook) is built by the team's code. ``worker`` is the
 fresh process of every trainer's resume.
 
@@ -29,6 +29,7 @@ TRAINERS = {
     "trl": ("trl", "TrlTrainer"),
     "axolotl": ("axolotl", "AxolotlTrainer"),
     "llamafactory": ("llamafactory", "LlamaFactoryTrainer"),
+    "unsloth": ("unsloth", "UnslothTrainer"),
 }
 ENGINE = "builtin"  # the built-in engine's name: every trainer's run is shown beside its run
 
