@@ -49,6 +49,10 @@ def generate(ctx) -> None:
             raise Fail(f"the reloaded {name} generates {tok.decode(ids)!r} but the in-memory model generated "
                        f"{tok.decode(expected)!r}: the saved artifact is not the trained model"
                        + (" (was the adapter merged before saving?)" if name == "merged" else ""))
+    for name, ids, why in result.saved_outputs:  # the trainer's own saves (Unsloth's reload and merge)
+        if list(ids) != list(expected):
+            raise Fail(f"{result.trainer}: the {name} generates {tok.decode(list(ids))!r} but the trained model "
+                       f"generated {tok.decode(expected)!r}: the saved artifact is not the trained model{why}")
     if expected[-1] not in stops:
         # a template ignoring add_generation_prompt leaves the assistant header out of the prompt: the
         # model writes it first and runs on; that, not the stop token, is the cause (issue 47)
