@@ -41,13 +41,13 @@ def trainer_named(name: str) -> Trainer:
 
 def select_trainer(recipe, own=None) -> Trainer:
     """The recipe's trainer: the team's own Trainer where ``own`` (a ``conftest.OwnTrainerHook``,
-    the ``pytest_ftready_trainer`` hook) is given, its pipeline the one chosen without it; else
+    the ``pytest_ftready_trainer`` hook) is given (its pipeline the Trainer's own preprocessing); else
     the one ``[data] pipeline`` names; under "auto", for a trainer's config, that trainer when it
     is installed here; else the built-in engine."""
     if own is not None:
         from .conftest import ConftestTrainer
 
-        return ConftestTrainer(own, select_trainer(recipe))
+        return ConftestTrainer(own)
     asked = recipe.data.pipeline
     if asked != "auto":
         return trainer_named(asked)

@@ -12,10 +12,12 @@ parent, ``OwnTrainerHook.files``) are imported there by path, their folder first
 ``sys.path`` as pytest's default (prepend) import mode puts it, and their functions called as
 pluggy calls them (last registered first, first result wins).
 
-Not in ``TRAINERS``: it is chosen by the hook being implemented, not by ``[data] pipeline``,
-and its preprocessing (``data.masking``) stays the recipe's pipeline (the trainer chosen without
-the hook; a team's own labels come through ``pytest_ftready_pipeline``). Imports no torch,
-transformers or datasets at module import."""
+Its pipeline (``OwnTrainerPipeline``, judged by ``data.masking``) is the Trainer's own
+preprocessing: the hook builds the Trainer once over every training row, and each row's labels
+are what the Trainer's ``data_collator`` makes of its example in ``train_dataset``, verified
+like any labels not made by the built-in encoder. Not in ``TRAINERS``: it is chosen by the hook
+being implemented, not by ``[data] pipeline``. Imports no torch, transformers or datasets at
+module import."""
 
 from __future__ import annotations
 
@@ -27,14 +29,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from ..data.encoded import Encoded
+from ..data.layouts import read_sample
+from ..data.verify import IGNORE_INDEX, judge_labels
 from ..outcomes import Fail
 from . import hf
-from .base import Bounds, Pipeline, PipelineInputs, ResumeRequest, RunInputs, RunRows, Trainer
+from .base import Bounds, Pipeline, PipelineInputs, ResumeRequest, RunInputs, RunRows
 
 CONFTEST = "conftest"  # the trainer's name: the worker's argument, the results' prefix
 HOOK = "pytest_ftready_trainer"
 # TrainingArguments keys of ``arguments`` the returned Trainer must keep: without them the check
 # would run another run than it bounded (unbounded steps, another folder, no checkpoint)
+ROW_KEY = "ftready_row"  # the column that tells which row an example of the Trainer's dataset came from
 KEPT = ("output_dir", "max_steps", "save_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
         "lr_scheduler_type", "logging_steps")
 
@@ -106,15 +112,122 @@ def ignored(trainer, arguments: dict) -> list[str]:
     return out
 
 
+def build(hook: OwnTrainerHook, recipe, rows: Sequence[dict], output_dir: Path, arguments: dict):
+    """The Trainer the hook returns for ``rows`` (a datasets.Dataset of them), checked to be a
+    transformers.Trainer that keeps the handed ``arguments``."""
+    import datasets
+    from transformers import Trainer as TransformersTrainer
+
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bar()
+    try:
+        table = datasets.Dataset.from_list(list(rows))
+        with hf.trainer_warnings():
+            trainer = hook.call(recipe=recipe, rows=table, output_dir=Path(output_dir), arguments=dict(arguments))
+    except Fail:
+        raise
+    except Exception as exc:  # the team's code: said in one line, naming the hook
+        raise Fail(f"{HOOK} raised {type(exc).__name__}: {' '.join(str(exc).split())[:500]}") from None
+    finally:
+        if bars:
+            datasets.enable_progress_bar()
+    if trainer is None:
+        raise Fail(f"{HOOK} returned None for this run; return your transformers.Trainer built over `rows`")
+    if not isinstance(trainer, TransformersTrainer):
+        raise Fail(f"{HOOK} returned a {type(trainer).__name__}; expected a transformers.Trainer (or TRL "
+                   "SFTTrainer) built over `rows`")
+    lost = ignored(trainer, arguments)
+    if lost:
+        raise Fail(f"the Trainer {HOOK} returned does not use the arguments the check handed it: its args have "
+                   f"{'; '.join(lost)}; merge them over yours: TrainingArguments(**{{**yours, **arguments}})")
+    return trainer
+
+
+class OwnTrainerPipeline(Pipeline):
+    """The labels the team's Trainer trains on: the hook's Trainer built once over every training
+    row (each row carrying ``ROW_KEY``), its ``data_collator`` applied to each example of its
+    ``train_dataset``. The model the hook loads is dropped once the examples are read."""
+
+    name = CONFTEST
+
+    def __init__(self, hook: OwnTrainerHook, inputs: PipelineInputs) -> None:
+        self.hook, self.inputs = hook, inputs
+        self.method = f"your Trainer's collator ({HOOK})"
+        self.examples: dict[tuple[str, int], int] = {}  # (file, line) -> index in ``prepared``
+        self.prepared: Any = None
+        self.collator: Any = None
+        self.built_for: set = set()
+
+    def _build(self, rows: Sequence) -> None:
+        """The Trainer over ``rows`` (the training files' rows first, so one build serves the pass)."""
+        from ..data.rows import read_rows
+
+        recipe = self.inputs.recipe
+        if not self.built_for:
+            rows = [*read_rows(recipe.data.train)[0], *rows]
+        keyed: list[dict] = []
+        where: list[tuple[str, int]] = []
+        for row in rows:
+            if (row.file, row.line) in self.built_for or not isinstance(row.data, dict):
+                continue
+            self.built_for.add((row.file, row.line))
+            keyed.append({**row.data, ROW_KEY: len(where)})
+            where.append((row.file, row.line))
+        arguments = run_arguments(Bounds.step(), self.inputs.scratch / "own-trainer-masking", "cpu")
+        trainer = build(self.hook, recipe, keyed, self.inputs.scratch / "own-trainer-masking", arguments)
+        prepared, self.collator = trainer.train_dataset, trainer.data_collator
+        del trainer  # the model the hook loaded: only the examples and the collator are needed
+        if ROW_KEY in getattr(prepared, "column_names", ()):
+            positions = {int(key): k for k, key in enumerate(prepared[ROW_KEY])}
+        elif len(prepared) == len(where):  # the key column removed by the team's map(): rows kept in order
+            positions = {k: k for k in range(len(where))}
+        else:
+            raise Fail(f"your Trainer's train_dataset has {len(prepared)} examples for {len(where)} rows and dropped "
+                       f"the {ROW_KEY!r} column the rows carried: its labels cannot be matched to rows. Keep the "
+                       "column (remove_columns without it) or one example per row (no packing) for data.masking")
+        self.prepared = prepared
+        self.examples = {where[key]: position for key, position in positions.items()}
+
+    def _labelled(self, position: int) -> tuple[list[int], list[int]]:
+        """One example through the Trainer's collator, its padding taken off."""
+        example = {k: v for k, v in self.prepared[position].items() if k != ROW_KEY}
+        batch = self.collator([example])
+        ids, labels = [int(t) for t in batch["input_ids"][0]], [int(t) for t in batch["labels"][0]]
+        mask = batch.get("attention_mask") if hasattr(batch, "get") else None
+        if mask is not None:
+            kept = [k for k, m in enumerate(mask[0]) if int(m)]
+            ids, labels = [ids[k] for k in kept], [labels[k] for k in kept]
+        return ids, labels
+
+    def encode(self, rows: Sequence) -> list[Encoded]:
+        if any((row.file, row.line) not in self.built_for for row in rows):
+            self._build(rows)
+        data, out = self.inputs.recipe.data, []
+        for row in rows:
+            sample = read_sample(row, data.format, data.train_on, data.roles)[0]
+            position = self.examples.get((row.file, row.line))
+            if position is None:
+                out.append(Encoded(row, (), (), self.method, 0, 0, (
+                    ("no_supervised", "your Trainer's train_dataset has no example for this row (its preprocessing "
+                                      "dropped it)"),)))
+                continue
+            ids, labels = self._labelled(position)
+            problems = judge_labels(self.inputs.tokenizer, sample, data.train_on, ids, labels, self.inputs.stop_ids,
+                                    max_length=data.max_length)
+            trained = sum(1 for label in labels if label != IGNORE_INDEX)
+            out.append(Encoded(row, tuple(ids), tuple(labels), self.method, len(ids), trained, tuple(problems)))
+        return out
+
+
 class ConftestTrainer(hf.HFTrainer):
-    """The team's own Trainer from the ``pytest_ftready_trainer`` hook; its pipeline is the one
-    of ``recipe_trainer`` (the trainer chosen without the hook)."""
+    """The team's own Trainer from the ``pytest_ftready_trainer`` hook; its pipeline is the
+    Trainer's own preprocessing and collator (``OwnTrainerPipeline``)."""
 
     name = CONFTEST
     label = f"your own Trainer ({HOOK})"
 
-    def __init__(self, hook: OwnTrainerHook, recipe_trainer: Trainer | None = None) -> None:
-        self.hook, self.recipe_trainer = hook, recipe_trainer
+    def __init__(self, hook: OwnTrainerHook) -> None:
+        self.hook = hook
         self.hook_files = hook.files
         self.built_class = ""  # the class of the Trainer the hook built, once it has built one
 
@@ -123,39 +236,12 @@ class ConftestTrainer(hf.HFTrainer):
         return f"{CONFTEST} {self.built_class or 'Trainer'}"
 
     def pipeline(self, inputs: PipelineInputs) -> Pipeline:
-        from . import select_trainer
-
-        return (self.recipe_trainer or select_trainer(inputs.recipe)).pipeline(inputs)
+        return OwnTrainerPipeline(self.hook, inputs)
 
     @contextlib.contextmanager
     def built(self, inputs: RunInputs, run: RunRows, bounds: Bounds, callbacks: Sequence = ()) -> Iterator[hf.Built]:
-        import datasets
-        from transformers import Trainer as TransformersTrainer
-
         arguments = run_arguments(bounds, run.folder, inputs.torch_device)
-        bars = datasets.is_progress_bar_enabled()
-        datasets.disable_progress_bar()
-        try:
-            rows = datasets.Dataset.from_list(list(run.rows))
-            with hf.trainer_warnings():
-                trainer = self.hook.call(recipe=inputs.recipe, rows=rows, output_dir=Path(run.folder),
-                                         arguments=dict(arguments))
-        except Fail:
-            raise
-        except Exception as exc:  # the team's code: said in one line, naming the hook
-            raise Fail(f"{HOOK} raised {type(exc).__name__}: {' '.join(str(exc).split())[:500]}") from None
-        finally:
-            if bars:
-                datasets.enable_progress_bar()
-        if trainer is None:
-            raise Fail(f"{HOOK} returned None for this run; return your transformers.Trainer built over `rows`")
-        if not isinstance(trainer, TransformersTrainer):
-            raise Fail(f"{HOOK} returned a {type(trainer).__name__}; expected a transformers.Trainer (or TRL "
-                       "SFTTrainer) built over `rows`")
-        lost = ignored(trainer, arguments)
-        if lost:
-            raise Fail(f"the Trainer {HOOK} returned does not use the arguments the check handed it: its args have "
-                       f"{'; '.join(lost)}; merge them over yours: TrainingArguments(**{{**yours, **arguments}})")
+        trainer = build(self.hook, inputs.recipe, run.rows, run.folder, arguments)
         self.built_class = type(trainer).__name__
         yield hf.Built(hf.quiet(trainer, callbacks), trainer.model)
 

@@ -66,7 +66,7 @@ def test_the_templates_trainer_is_what_step_overfit_resume_and_generate_run(own_
     assert int(step["step_tokens[tokens]"]) > 0 and int(step["engine_step_tokens[tokens]"]) > 0  # beside the engine's
     resume = properties(folder / "out.xml", "lifecycle.resume")  # its own resume_from_checkpoint, in a fresh process
     assert resume["resumed_steps[steps]"] == "2" and float(resume["resume_max_loss_difference[nats]"]) == 0
-    assert properties(folder / "out.xml", "model.overfit")["pipeline"] == "builtin"  # data checks: the recipe's
+    assert properties(folder / "out.xml", "model.overfit")["pipeline"] == "conftest"  # the Trainer's own labels
 
 
 @SLOW
@@ -115,3 +115,72 @@ def test_a_hook_whose_trainer_drops_the_handed_bounds_fails_naming_the_key(tiny_
     with pytest.raises(Fail, match=r"^pytest_ftready_trainer raised ZeroDivisionError: division by zero$"), \
             ConftestTrainer(OwnTrainerHook(lambda **kwargs: 1 / 0)).built(inputs, run, Bounds.step()):
         pass
+
+
+# ---- data.masking on the labels the team's own Trainer makes ---------------------------------------
+# A team Trainer whose preprocessing trains every token: a plain transformers.Trainer over the rendered
+# conversations with DataCollatorForLanguageModeling (labels = input_ids), the key column removed by map().
+TRAINS_EVERYTHING = '''
+def pytest_ftready_trainer(recipe, rows, output_dir, arguments):
+    from transformers import (AutoModelForCausalLM, AutoTokenizer, DataCollatorForLanguageModeling, Trainer,
+                              TrainingArguments)
+
+    tokenizer = AutoTokenizer.from_pretrained(str(recipe.model.path))
+    model = AutoModelForCausalLM.from_pretrained(str(recipe.model.path))
+
+    def tokenize(row):
+        return {"input_ids": tokenizer.apply_chat_template(row["messages"], tokenize=True, return_dict=False)}
+
+    dataset = rows.map(tokenize, remove_columns=rows.column_names)
+    return Trainer(model=model, args=TrainingArguments(**arguments), train_dataset=dataset,
+                   data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False))
+'''
+
+
+def own_trainer_state(tiny_example: Path, artifacts: Path, machine, hook_file: Path):
+    from pytest_ftready.checks.registry import all_checks
+    from pytest_ftready.recipe import load_recipe
+    from pytest_ftready.session.state import RunState
+    from pytest_ftready.trainers.conftest import OwnTrainerHook
+
+    all_checks()
+    hook = OwnTrainerHook.from_files([str(hook_file)])
+    run = RunState(artifacts_root=artifacts, machine_factory=lambda: machine, trainer_hook=lambda: hook)
+    return run.recipe_state(load_recipe(tiny_example / "recipe.toml"))
+
+
+def test_data_masking_judges_the_labels_the_teams_own_trainer_makes(tiny_example, tmp_path, real_machine,
+                                                                    run_check, monkeypatch):
+    """The template's SFTTrainer (assistant_only_loss) built once over every row: each row's labels
+    are its collator's, verified; on the tiny template they are the built-in encoder's labels."""
+    import sys
+
+    from pytest_ftready.data.rows import read_rows
+    from tests.conftest import values
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    state = own_trainer_state(tiny_example, tmp_path / "arts", real_machine,
+                              ROOT / "conftest_templates" / "own_trainer_trl.py")
+    got = values(run_check(state, "data.masking"))
+    assert got["pipeline"] == "conftest"
+    assert got["trained_span_method"] == "your Trainer's collator (pytest_ftready_trainer)"
+    rows = read_rows(state.recipe.data.train)[0]
+    own = state.pipeline.encode(rows[:5])
+    builtin = [state.encoder.encode(row) for row in rows[:5]]
+    assert [e.labels for e in own] == [e.labels for e in builtin] and all(not e.problems for e in own)
+
+
+def test_a_team_trainer_that_trains_every_token_fails_data_masking(tiny_example, tmp_path, real_machine, run_check,
+                                                                   monkeypatch):
+    import sys
+
+    from pytest_ftready.outcomes import Fail
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    hook_file = tmp_path / "hooks" / "conftest.py"
+    hook_file.parent.mkdir()
+    hook_file.write_text(TRAINS_EVERYTHING, encoding="utf-8")
+    state = own_trainer_state(tiny_example, tmp_path / "arts", real_machine, hook_file)
+    with pytest.raises(Fail) as info:
+        run_check(state, "data.masking")
+    assert "wrong_role_trained" in str(info.value) and "(user) carry loss" in str(info.value), str(info.value)
