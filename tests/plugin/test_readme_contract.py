@@ -121,6 +121,12 @@ CONTRACT: dict[str, dict[str, str]] = {
             "tests/benchmarks/test_scale.py::test_data_checks_throughput",
         # .ci/run's trainer_env builds this environment and runs tests/trainers/ in it
         "python3 -m venv .venv-axolotl": "tests/trainers/test_axolotl.py::test_an_axolotl_config_checks_the_labels_axolotl_makes",
+        # docs/unsloth.md: a team's own Trainer, an Unsloth recipe, Unsloth's environment (.ci/run builds it)
+        "# conftest.py, beside recipe.toml":
+            "tests/plugin/test_own_trainer.py::test_data_masking_judges_the_labels_the_teams_own_trainer_makes",
+        "[model]": "tests/trainers/test_unsloth.py::test_masking_judges_the_labels_unsloths_train_on_responses_only_makes",
+        "python3 -m venv .venv-unsloth":
+            "tests/trainers/test_unsloth.py::test_the_unsloth_notebook_template_is_what_step_overfit_resume_and_generate_run",
     },
 }
 
