@@ -110,7 +110,7 @@ def parse_setting(text: str) -> tuple[tuple[str, str], Any]:
         known = [f"{t}.{k}" for t, keys in SCHEMA.items() for k in keys]
         close = difflib.get_close_matches(name.strip(), known, n=1)
         raise ValueError(f"--set {text!r}: expected table.key=VALUE with a recipe key"
-                         + (f"; did you mean {close[0]}?" if close else " (see the README's recipe table)"))
+                         + (f"; did you mean {close[0]}?" if close else " (see pytest-ftready's docs/recipe.md)"))
     try:
         value = tomllib.loads(f"v = {literal.strip()}")["v"]
     except tomllib.TOMLDecodeError:
@@ -182,11 +182,11 @@ def _render(name: str, values: dict, marked: dict) -> str:
     lines = ["# A starting recipe written by ftready-init: check every value, then run",
              f"#   pytest --ftready={name}.toml",
              f"# Values read from your files say where from; '{FILL_IN}' marks what could not be read;",
-             "# commented keys show their defaults. Keys and meanings: the README's recipe table.",
+             "# commented keys show their defaults. Keys and meanings: pytest-ftready's docs/recipe.md.",
              f"name = {toml_value(name)}"]
     for table, keys in SCHEMA.items():
         if table == "distributed":
-            continue  # multi-GPU recipes only: see the README
+            continue  # multi-GPU recipes only: see docs/multi-gpu.md
         lines += ["", f"[{table}]"]
         for key, spec in keys.items():
             lines.append(_line(key, spec, values.get((table, key)), marked.get((table, key))))

@@ -23,7 +23,7 @@ def load_recipe(path: Path | str, standing_in: Optional[dict] = None) -> Recipe:
     except Exception as exc:  # noqa: BLE001 - the backstop under every reader's own messages
         raise RecipeError(path, "", f"cannot be read: a value of a shape the reader does not expect "
                           f"({type(exc).__name__}: {_clip(str(exc), SHOWN_CHARS)}); check the file's keys against "
-                          "the README's recipe reference, and report the file to pytest-ftready so that the key "
+                          "pytest-ftready's docs/recipe.md, and report the file to pytest-ftready so that the key "
                           "gets its own message") from None
 
 

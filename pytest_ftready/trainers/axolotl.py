@@ -15,7 +15,7 @@ fresh process. What Axolotl cannot run on this machine (a CUDA kernel, an 8-bit 
 a skip naming what it needs.
 
 Axolotl pins its own transformers and TRL, so it lives in its own environment with the plugin
-(see README, "The trainer's own run"); importing it costs 15 to 60 s."""
+(see docs/trainers.md, "The trainer's own run"); importing it costs 15 to 60 s."""
 
 from __future__ import annotations
 

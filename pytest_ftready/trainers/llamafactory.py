@@ -25,7 +25,7 @@ optimizer and scheduler, as ``run_sft`` builds them; peak memory measured as the
 ``resume_from_checkpoint`` in a fresh process judged by ``hf.resume_difference``.
 
 LLaMA-Factory pins its own transformers and TRL, so it lives in its own environment with the
-plugin (see README, "The trainer's own run")."""
+plugin (see docs/trainers.md, "The trainer's own run")."""
 
 from __future__ import annotations
 
@@ -264,7 +264,7 @@ class LlamaFactoryTrainer(hf.HFTrainer):
     label = "LLaMA-Factory"
     module = "llamafactory"
     install = ("pip install llamafactory in an environment of its own beside pytest-ftready (it pins transformers and "
-               "TRL; see README, \"The trainer's own run\")")
+               "TRL; see docs/trainers.md, \"The trainer's own run\")")
 
     def pipeline(self, inputs: PipelineInputs) -> Pipeline:
         return LlamaFactoryPipeline(inputs)

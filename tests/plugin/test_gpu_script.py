@@ -200,7 +200,7 @@ def test_the_gpu_script_rehearsed_on_this_cpu(tmp_path):
     ran = subprocess.run([sys.executable, str(script), "run", "--carry", str(carry), "--out", str(out),
                           "--site", str(tmp_path / "site"), "--medium-config", str(tmp_path / "small.json"),
                           "--bundle", str(bundle)], capture_output=True, text=True)
-    # 1: checks failed on this CPU (TRL's CPU step against the engine's forecast, as the README says)
+    # 1: checks failed on this CPU (TRL's CPU step against the engine's forecast)
     assert ran.returncode in (0, 1), ran.stdout[-3000:] + ran.stderr[-3000:]
     record = json.loads((out / "summary.json").read_text())
     assert record["gpu_found"] is False
