@@ -41,8 +41,12 @@ def generate(ctx) -> None:
     ctx.measure("generated_tokens", len(expected), "tokens")
     if not expected:
         raise Fail(f"the trained model generated nothing for {result.example_where}")
-    outputs = reloaded_outputs(ctx.recipe, result.adapter_dir, result.prompt_ids, stops, tok.pad_token_id,
-                               ctx.torch_device(), state.scratch / "merged-model", trained_ids=expected)
+    own = getattr(state.trainer, "reloaded_outputs", None)  # a trainer that saves and fuses its own way (mlx-lm)
+    if own is not None and result.trainer == state.trainer.step_trainer:
+        outputs = own(ctx.recipe, result, stops)
+    else:
+        outputs = reloaded_outputs(ctx.recipe, result.adapter_dir, result.prompt_ids, stops, tok.pad_token_id,
+                                   ctx.torch_device(), state.scratch / "merged-model", trained_ids=expected)
     for name, ids in outputs.items():
         if ids != expected:
             raise Fail(f"the reloaded {name} generates {tok.decode(ids)!r} but the in-memory model generated "
