@@ -42,7 +42,7 @@ def resolve_device(machine: Machine, wanted: str) -> Device:
                       memory_total_bytes=machine.host.memory_total_bytes)
     if wanted == "mlx":
         ok = machine.host.os == "Darwin" and machine.host.machine == "arm64"
-        if not ok and mlx_cpu_backend():  # mlx[cpu] on Linux: MLX runs for real on the CPU
+        if not ok and not machine.fake and mlx_cpu_backend():  # mlx[cpu] on Linux: MLX runs for real on the CPU
             return Device(kind="mlx", torch_device="cpu", name=f"MLX's CPU backend ({machine.host.cpu_model})",
                           memory_total_bytes=machine.host.memory_total_bytes)
         return Device(kind="mlx", torch_device="cpu", name="Apple silicon (MLX)",

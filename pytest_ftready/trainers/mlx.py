@@ -108,19 +108,40 @@ def model_source(recipe) -> str:
                "copy (mlx_lm.convert writes one)")
 
 
-def load(recipe):
-    """(model, tokenizer) as mlx-lm loads them; a Fail naming the architecture mlx-lm lacks."""
+def load(recipe, source: Optional[str] = None, **kwargs):
+    """(model, tokenizer) as mlx-lm loads them (``mlx_lm.utils.load``); a Fail with mlx-lm's own
+    message where it cannot (an architecture it lacks, weights that do not fit the class)."""
     from mlx_lm.utils import load as mlx_load
 
-    source = model_source(recipe)
+    source = source or model_source(recipe)
     try:
         with quiet():
-            return mlx_load(source, tokenizer_config={"trust_remote_code": recipe.model.trust_remote_code})
-    except ValueError as exc:
+            return mlx_load(source, tokenizer_config={"trust_remote_code": recipe.model.trust_remote_code}, **kwargs)
+    except (ValueError, KeyError, FileNotFoundError) as exc:
         said = " ".join(str(exc).split())
-        if "not supported" in said:
-            raise Fail(f"mlx-lm cannot load {source}: {said[:300]}") from None
-        raise
+        raise Fail(f"mlx-lm cannot load {source}: {type(exc).__name__}: {said[:400]}") from None
+
+
+def loaded(recipe) -> dict:
+    """``stack.mlx`` on this machine: the model loaded by mlx-lm (its class for the architecture,
+    the weights into it, strictly), its tokenizer, and the chat template where the rows are
+    chats; what was loaded, as measurements."""
+    from ..recipe.schema import CHAT_FORMATS
+
+    model, tokenizer = load(recipe)
+    config = json.loads((Path(model_source(recipe)) / "config.json").read_text(encoding="utf-8"))
+    if recipe.data.format in CHAT_FORMATS + ("prompt_completion",) and not tokenizer.chat_template:
+        raise Fail(f"the tokenizer mlx-lm loads from {model_source(recipe)} has no chat template: mlx-lm's "
+                   "ChatDataset and CompletionsDataset render every row with it; add one (chat_template.jinja)")
+    return {"mlx_model_class": f"{type(model).__module__}.{type(model).__name__}",
+            "mlx_parameters": sum(int(v.size) for _, v in _flat(model.parameters())),
+            "mlx_blocks": len(model.layers), "mlx_quantized_bits": (config.get("quantization") or {}).get("bits", 0)}
+
+
+def _flat(tree) -> list:
+    from mlx.utils import tree_flatten
+
+    return tree_flatten(tree)
 
 
 @contextlib.contextmanager
@@ -257,9 +278,7 @@ def train(run: Run, rows: Sequence[dict], iters: int, adapter_folder: Path, save
 
 
 def nbytes(tree) -> int:
-    from mlx.utils import tree_flatten
-
-    return sum(int(v.nbytes) for _, v in tree_flatten(tree) if hasattr(v, "nbytes"))
+    return sum(int(v.nbytes) for _, v in _flat(tree) if hasattr(v, "nbytes"))
 
 
 def levers(recipe, args) -> list[str]:
@@ -363,16 +382,20 @@ class MlxTrainer(Trainer):
     def reloaded_outputs(self, recipe, result, stops: frozenset) -> dict:
         """``lifecycle.generate``: the saved adapters on a freshly loaded base (mlx-lm's
         ``load(adapter_path=...)``) and the model ``mlx_lm fuse`` writes, each generating greedily."""
-        from mlx_lm.utils import load as mlx_load
-
         fused = Path(result.adapter_dir).parent / "mlx-fused"
         fuse(model_source(recipe), result.adapter_dir, fused)
         out = {}
-        for name, kwargs in (("adapter", {"adapter_path": str(result.adapter_dir)}), ("merged", {})):
+        for name, source, kwargs in (("adapter", None, {"adapter_path": str(result.adapter_dir)}),
+                                     ("merged", str(fused), {})):
+            model, _ = load(recipe, source, **kwargs)
             with quiet():
-                model, _ = mlx_load(model_source(recipe) if name == "adapter" else str(fused), **kwargs)
                 out[name] = greedy(model, result.prompt_ids, stops, recipe.checks.max_new_tokens)
         return out
+
+    def export(self, recipe, result, folder: Path) -> dict:
+        """``lifecycle.mlx_export`` (``run_export``)."""
+        self._ready()
+        return run_export(recipe, result, folder)
 
     # ---- save and resume -----------------------------------------------------------------
     def saved_run(self, inputs: RunInputs) -> SavedRun:
@@ -416,3 +439,78 @@ def fuse(model: str, adapters: Path, save_path: Path, *extra: str) -> None:
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise Fail(f"mlx_lm fuse {' '.join(extra)} failed: {last}")
+
+
+GGUF_TYPES = ("llama", "mistral", "mixtral")  # mlx_lm/fuse.py: the types --export-gguf converts
+
+
+def export_refusal(recipe) -> str:
+    """Why ``mlx_lm fuse`` cannot write the export the recipe declares, read from the model's
+    config.json before anything runs (no mlx needed): GGUF of a model type mlx-lm does not
+    convert, GGUF of a quantized base (with the command that works); "" where it can."""
+    if recipe.export.format != "gguf":
+        return ""
+    source = model_source(recipe)
+    try:
+        config = json.loads((Path(source) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""  # stack.mlx names an unreadable model
+    model_type, bits = config.get("model_type"), (config.get("quantization") or {}).get("bits")
+    if model_type not in GGUF_TYPES:
+        return (f"mlx_lm fuse --export-gguf converts {', '.join(GGUF_TYPES)} only, not {model_type!r} (it stops with "
+                f"'Model type {model_type} not supported for GGUF conversion'): export safetensors ([export] format = "
+                "\"safetensors\") and convert the fused folder with llama.cpp's convert_hf_to_gguf.py")
+    if bits:
+        return (f"the base is quantized ({bits}-bit, config.json quantization): mlx_lm fuse --export-gguf cannot write "
+                f"it (GGUF conversion of quantized models is not implemented in mlx-lm); run mlx_lm fuse --model "
+                f"{source} --adapter-path ADAPTERS --dequantize --export-gguf (the fused model in 16 bits)")
+    return ""
+
+
+def run_export(recipe, result, folder: Path) -> dict:
+    """``lifecycle.mlx_export``: the export the recipe declares, run as ``mlx_lm fuse`` runs it
+    (``export_refusal`` first). safetensors: the fused model's logits on the overfit prompt
+    against base + adapters; gguf: also written with ``--export-gguf``, read back (``mx.load``)
+    and held against the fused weights. What was exported, as measurements."""
+    import mlx.core as mx
+
+    refusal = export_refusal(recipe)
+    if refusal:
+        raise Fail(refusal)
+    source = model_source(recipe)
+    adapters = Path(result.adapter_dir)
+    fused = folder / "mlx-export"
+    fuse(source, adapters, fused, *(("--export-gguf",) if recipe.export.format == "gguf" else ()))
+    base, _ = load(recipe, None, adapter_path=str(adapters))
+    model, _ = load(recipe, str(fused))
+    prompt = mx.array([list(result.prompt_ids)])
+    difference = float(mx.abs(base(prompt) - model(prompt)).max())
+    out = {"export_logit_difference": difference, "export_bytes": sum(f.stat().st_size for f in fused.iterdir())}
+    if difference > 1e-3:
+        raise Fail(f"the fused model's logits differ from base + adapters by up to {difference:.3g} on "
+                   f"{result.example_where}'s prompt: mlx_lm fuse did not write the trained model")
+    if recipe.export.format == "gguf":
+        out.update(read_back(fused / "ggml-model-f16.gguf", dict(_flat(model.parameters()))))
+    return out
+
+
+def read_back(path: Path, weights: dict) -> dict:
+    """The GGUF file read back by MLX: its architecture, every fused weight under its GGUF name
+    (mlx-lm's ``translate_weight_names``), and the token embedding equal to the fused one."""
+    import mlx.core as mx
+    from mlx_lm.gguf import translate_weight_names
+
+    if not path.is_file():
+        raise Fail(f"mlx_lm fuse --export-gguf wrote no {path.name}")
+    tensors, metadata = mx.load(str(path), return_metadata=True)
+    architecture = str(metadata.get("general.architecture", ""))
+    if architecture != "llama":
+        raise Fail(f"{path.name} reads back as architecture {architecture!r}, not llama")
+    absent = sorted(name for name in (translate_weight_names(k) for k in weights) if name not in tensors)
+    if absent:
+        raise Fail(f"{path.name} lacks {len(absent)} of the fused model's {len(weights)} weights: {', '.join(absent[:5])}")
+    embedding, fused_embedding = tensors.get("token_embd.weight"), weights.get("model.embed_tokens.weight")
+    if embedding is None or fused_embedding is None or not mx.allclose(embedding.astype(mx.float32),
+                                                                       fused_embedding.astype(mx.float32), atol=1e-2):
+        raise Fail(f"{path.name}'s token embedding is not the fused model's")
+    return {"gguf_tensors": len(tensors), "gguf_fused_weights_found": len(weights), "gguf_architecture": architecture}

@@ -163,3 +163,36 @@ def test_planted_a_peak_above_the_memory_given_fails_the_step_with_mlxs_levers(t
     for lever in ("batch_size 4 -> 2", "max_seq_length 128 -> 64", "grad_checkpoint: true", "num_layers",
                   "--q-bits 4"):
         assert lever in said, lever
+
+
+# ---- the export ---------------------------------------------------------------------------------------
+def with_export(state, fmt: str):
+    """``state``'s recipe with ``[export] format = fmt``, its facts (the overfit) shared."""
+    export = state.recipe.export.set("format", fmt)
+    state.recipe = state.recipe.set("export", export)
+    return state
+
+
+def test_the_declared_export_runs_mlx_lm_fuse_and_the_gguf_reads_back(mlx_state, run_check):
+    got = values(run_check(with_export(mlx_state, "gguf"), "lifecycle.mlx_export"))
+    assert got["export_logit_difference"] <= 1e-3
+    assert got["gguf_architecture"] == "llama" and got["gguf_tensors"] >= got["gguf_fused_weights_found"] > 0
+    with_export(mlx_state, "none")
+
+
+def test_planted_a_4bit_base_asked_for_gguf_fails_with_the_dequantize_command(tmp_path, tiny_model_dir,
+                                                                              real_machine, run_check):
+    import subprocess
+    import sys
+
+    quantized = tmp_path / "q4"
+    subprocess.run([sys.executable, "-m", "mlx_lm", "convert", "--hf-path", str(tiny_model_dir), "--mlx-path",
+                    str(quantized), "-q", "--q-bits", "4", "--q-group-size", "32"], check=True, capture_output=True)
+    config = mlx_folder(tmp_path / "tiny", tiny_model_dir, side=SIDE + "[export]\nformat = \"gguf\"\n")
+    config.write_text(config.read_text().replace("model: model", f"model: {quantized}"))
+    state = state_for(config, tmp_path / "arts", real_machine)
+    assert values(run_check(state, "stack.mlx"))["mlx_quantized_bits"] == 4  # mlx-lm loads the 4-bit base
+    with pytest.raises(Fail) as info:
+        run_check(state, "lifecycle.mlx_export")
+    said = str(info.value)
+    assert "4-bit" in said and "--dequantize --export-gguf" in said
