@@ -379,6 +379,16 @@ class MlxTrainer(Trainer):
         return OverfitResult(run.losses, target_reached(run.losses, c.overfit_loss), folder, list(prompt), ids,
                              first.row.where, c.overfit_loss, float(run.args.learning_rate), trainer=self.step_trainer)
 
+    def forecast(self, inputs: RunInputs):
+        """``model.forecast_error``: the step forecast from config.json (``forecast.mlx``) for the
+        worst-case batch ``step`` runs (None where config.json is not readable)."""
+        from ..forecast.mlx import forecast_folder
+
+        examples = worst_case_examples(inputs)
+        args = mlx_config(inputs.recipe)
+        return forecast_folder(Path(model_source(inputs.recipe)), args, len(examples),
+                               max(len(e.input_ids) for e in examples))
+
     def reloaded_outputs(self, recipe, result, stops: frozenset) -> dict:
         """``lifecycle.generate``: the saved adapters on a freshly loaded base (mlx-lm's
         ``load(adapter_path=...)``) and the model ``mlx_lm fuse`` writes, each generating greedily."""
