@@ -436,8 +436,15 @@ class MlxTrainer(Trainer):
     def difference(self, saved: SavedRun, resumed: Sequence[StepLog]) -> str:
         from ..engine.checkpoint import compare_losses
 
-        said = compare_losses(saved.straight_losses[saved.steps // 2:], [log.loss for log in resumed], saved.exact)
-        return f"{said}; {RESTORED}" if said else ""
+        straight, again = saved.straight_losses[saved.steps // 2:], [log.loss for log in resumed]
+        said = compare_losses(straight, again, saved.exact)
+        if not said or len(straight) != len(again):
+            return said
+        step, (a, b) = next((saved.steps // 2 + i, pair) for i, pair in enumerate(zip(again, straight), start=1)
+                            if pair[0] != pair[1])
+        return (f"step {step} after the resume: loss {a:.6f}, uninterrupted {b:.6f} (difference {abs(a - b):.3g}); "
+                f"{RESTORED}. No file of mlx-lm's holds them: a resumed run is a new run from the saved adapters (plan "
+                "its warm-up and schedule as such), or keep runs short enough not to need one")
 
 
 def fuse(model: str, adapters: Path, save_path: Path, *extra: str) -> None:
