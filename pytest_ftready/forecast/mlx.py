@@ -111,3 +111,40 @@ def forecast_folder(model: Path, args: dict, batch: int, longest: int) -> Option
         return forecast(config, args, batch, longest)
     except (OSError, ValueError, KeyError):
         return None
+
+
+def recipe_args(recipe) -> dict:
+    """mlx-lm's keys for ``recipe`` without mlx-lm: the config's own (an mlx-lm recipe), else the
+    recipe's adapter and training keys in mlx-lm's names."""
+    origin = recipe.origin if recipe.origin is not None and recipe.origin.format == "mlx" else None
+    own = (lambda key, default: origin.value(key, default)) if origin else (lambda key, default: default)
+    a, t = recipe.adapter, recipe.training
+    return {"num_layers": own("num_layers", -1), "fine_tune_type": own("fine_tune_type", "lora" if a.method == "lora"
+                                                                       else "full"),
+            "lora_parameters": {"rank": a.r}, "optimizer": own("optimizer", "adamw"),
+            "grad_checkpoint": t.gradient_checkpointing, "max_seq_length": recipe.data.max_length}
+
+
+def forecast_text(recipe, target) -> tuple[str, Optional[bool]]:
+    """``ftready-forecast`` for an MLX recipe: mlx-lm's step at the recipe's batch and its
+    max_seq_length (the worst case the run may see) against ``target``'s usable memory (a Mac's
+    unified memory less what macOS keeps, less memory_headroom); (text, fits or None)."""
+    from ..units import human_bytes
+
+    if not recipe.model.path:
+        return "mlx-lm step: not forecast (a hub model: its config.json is not on this machine)", None
+    t = recipe.training
+    found = forecast_folder(Path(recipe.model.path), recipe_args(recipe), t.micro_batch_size, recipe.data.max_length)
+    if found is None:
+        return f"mlx-lm step: not forecast ({recipe.model.path}/config.json is not readable)", None
+    text = (f"mlx-lm step (forecast/mlx.py, config.json alone): {human_bytes(found.peak_bytes)} at batch "
+            f"{t.micro_batch_size} x {recipe.data.max_length} tokens (weights {human_bytes(found.weights_bytes)}, "
+            f"trained {human_bytes(found.trainable_bytes)} + gradients and optimizer state "
+            f"{human_bytes(found.gradient_bytes + found.optimizer_state_bytes)}, activations "
+            f"{human_bytes(found.activation_bytes)})")
+    if target is None:
+        return text, None
+    usable = target.usable_bytes(recipe.hardware.memory_headroom)
+    fits = found.peak_bytes <= usable
+    return (text + f"; {target.name}: MLX may use {human_bytes(usable)} (less the "
+            f"{recipe.hardware.memory_headroom:.0%} memory_headroom): " + ("fits" if fits else "does NOT fit")), fits

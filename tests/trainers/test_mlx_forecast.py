@@ -48,3 +48,28 @@ def test_forecast_error_holds_the_mlx_forecast_against_mlx_lms_measured_peak(tmp
     assert got["measured_step_trainer"] == "mlx-lm tuner.trainer"
     assert got["measured_peak_method"] == "mx.get_peak_memory" and got["measured_peak"] == state.step.peak_bytes
     assert abs(got["forecast_error"]) <= 0.10
+
+
+def test_ftready_forecast_judges_an_mlx_config_against_a_macs_memory(tmp_path):
+    """``ftready-forecast lora_config.yaml --target "M1 8GB"``: mlx-lm's step at the config's batch
+    and max_seq_length against what MLX may use of the Mac's unified memory."""
+    import json
+
+    from pytest_ftready.forecast.mlx import forecast_text
+    from pytest_ftready.machine.targets import resolve_target
+    from pytest_ftready.recipe import load_recipe
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(LLAMA))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text(json.dumps({"text": "hello"}) + "\n")
+    config = tmp_path / "lora_config.yaml"
+    config.write_text("model: model\ndata: data\nnum_layers: -1\nbatch_size: 2\nmax_seq_length: 1024\n"
+                      "lora_parameters: {rank: 8, scale: 2.0, dropout: 0.0}\n")
+    recipe = load_recipe(config)
+    text, fits = forecast_text(recipe, resolve_target("M1 8GB"))
+    assert fits is False and "mlx-lm step" in text and "does NOT fit" in text
+    assert forecast_text(recipe, resolve_target("M3 Max 128GB"))[1] is True
+    config.write_text(config.read_text() + "grad_checkpoint: true\n")
+    lighter, _ = forecast_text(load_recipe(config), None)
+    assert lighter != text
