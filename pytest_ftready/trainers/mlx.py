@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import sys
 import types
 from dataclasses import dataclass, field
@@ -84,10 +85,7 @@ def mlx_config(recipe) -> dict:
     config = json.loads(json.dumps(CONFIG_DEFAULTS))
     origin = recipe.origin
     if origin is not None and origin.format == "mlx":
-        config.update({k: v for k, v in origin.handed().items() if v is not None})
-        for key in ("learning_rate",):  # YAML 1.1 reads 1e-5 as text; mlx-lm's loader reads a float
-            if isinstance(config.get(key), str):
-                config[key] = float(config[key])
+        config.update({k: floats(v) for k, v in origin.handed().items() if v is not None})
     else:
         a, t = recipe.adapter, recipe.training
         config.update(fine_tune_type="lora" if a.method == "lora" else "full", num_layers=-1,
@@ -99,6 +97,21 @@ def mlx_config(recipe) -> dict:
                       grad_accumulation_steps=t.gradient_accumulation_steps)
     config["model"] = str(recipe.model.path) if recipe.model.path else recipe.model.id
     return config
+
+
+# mlx-lm's YAML loader reads 1e-5 as a float (its implicit resolver in lora.py); plain YAML 1.1 reads text
+EXPONENT = re.compile(r"^[-+]?(?:[0-9][0-9_]*\.?[0-9_]*|\.[0-9_]+)[eE][-+]?[0-9]+$")
+
+
+def floats(value: Any) -> Any:
+    """``value`` as mlx-lm's loader reads it: exponent-written numbers (in lists and mappings too) as floats."""
+    if isinstance(value, str) and EXPONENT.match(value):
+        return float(value)
+    if isinstance(value, list):
+        return [floats(v) for v in value]
+    if isinstance(value, dict):
+        return {k: floats(v) for k, v in value.items()}
+    return value
 
 
 def model_source(recipe) -> str:

@@ -196,3 +196,18 @@ def test_planted_a_4bit_base_asked_for_gguf_fails_with_the_dequantize_command(tm
         run_check(state, "lifecycle.mlx_export")
     said = str(info.value)
     assert "4-bit" in said and "--dequantize --export-gguf" in said
+
+
+def test_the_config_is_handed_to_mlx_lm_as_its_loader_reads_it(tmp_path, tiny_model_dir):
+    """YAML 1.1 reads 1e-5 as text; mlx-lm's loader reads a float: the run is handed floats, in
+    lr_schedule's arguments too, and mlx-lm builds that schedule."""
+    from mlx_lm.tuner.utils import build_schedule
+
+    from pytest_ftready.recipe import load_recipe
+    from pytest_ftready.trainers.mlx import mlx_config
+
+    config = mlx_folder(tmp_path / "tiny", tiny_model_dir, learning_rate="2e-4",
+                        lr_schedule="{name: cosine_decay, warmup: 2, arguments: [1e-3, 50]}")
+    handed = mlx_config(load_recipe(config))
+    assert handed["learning_rate"] == 2e-4 and handed["lr_schedule"]["arguments"] == [1e-3, 50]
+    assert float(build_schedule(handed["lr_schedule"])(10)) > 0
