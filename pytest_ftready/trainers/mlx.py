@@ -216,9 +216,8 @@ def prepared(recipe, overrides: Optional[dict] = None) -> Run:
     builds it, and the args."""
     import mlx.core as mx
     import mlx.optimizers as optim
-    from mlx_lm.tuner.utils import build_schedule, linear_to_lora_layers
-
     import numpy as np
+    from mlx_lm.tuner.utils import build_schedule, linear_to_lora_layers
 
     args = types.SimpleNamespace(**{**mlx_config(recipe), **(overrides or {})})
     model, tokenizer = load(recipe)
@@ -258,7 +257,8 @@ def train(run: Run, rows: Sequence[dict], iters: int, adapter_folder: Path, save
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.tuner.callbacks import TrainingCallback
-    from mlx_lm.tuner.trainer import TrainingArgs, train as mlx_train
+    from mlx_lm.tuner.trainer import TrainingArgs
+    from mlx_lm.tuner.trainer import train as mlx_train
     from mlx_lm.utils import save_config
 
     class Report(TrainingCallback):
@@ -465,7 +465,7 @@ def fuse(model: str, adapters: Path, save_path: Path, *extra: str) -> None:
     import subprocess
 
     proc = subprocess.run([sys.executable, "-m", "mlx_lm", "fuse", "--model", model, "--adapter-path", str(adapters),
-                           "--save-path", str(save_path), *extra], capture_output=True, text=True)
+                           "--save-path", str(save_path), *extra], check=False, capture_output=True, text=True)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise Fail(f"mlx_lm fuse {' '.join(extra)} failed: {last}")

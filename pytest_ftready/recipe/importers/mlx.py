@@ -54,7 +54,7 @@ def installed_defaults() -> Optional[tuple[dict, str]]:
     spec = importlib.util.find_spec("mlx_lm")
     if spec is None or not spec.submodule_search_locations:
         return None
-    source = Path(list(spec.submodule_search_locations)[0]) / "lora.py"
+    source = Path(next(iter(spec.submodule_search_locations))) / "lora.py"
     try:
         tree = ast.parse(source.read_text(encoding="utf-8"))
         value = next(node.value for node in tree.body if isinstance(node, ast.Assign)
