@@ -47,11 +47,13 @@ def memory_forecast(ctx) -> None:
 def forecast_error(ctx) -> None:
     """The forecast of the step that ran here (the recipe's trainer's, on this device) against its measured peak
     (CPU: live tensor bytes; CUDA: max_memory_allocated), the target device's forecast beside it."""
-    from ..forecast.trace import ConfigUnavailable, TraceError, error_share, forecast, measured_step_peak
+    from ..forecast.trace import ConfigUnavailable, TraceError, forecast, measured_step_peak
     from ..forecast.trainers import measured_step
 
     device = ctx.torch_device()
     kind = ctx.device.kind
+    if kind == "mlx":
+        return _mlx_forecast_error(ctx)
     if kind not in ("cpu", "cuda", "rocm"):
         raise Skip(f"{kind} has no allocator peak to compare with (MPS reports the driver's total only)")
     on_accelerator = kind in ("cuda", "rocm")
@@ -76,18 +78,41 @@ def forecast_error(ctx) -> None:
         if report is not None:  # the target device's forecast beside it (another device may run other kernels)
             ctx.measure("target_forecast_peak", report.forecast.peak_bytes, "bytes", estimate=True)
             ctx.measure("target_forecast_path", report.forecast.path, "")
-    ctx.measure("forecast_peak", predicted.peak_bytes, "bytes", estimate=True)
-    ctx.measure("forecast_path", predicted.path, "")
+    _judge(ctx, predicted.peak_bytes, predicted.path, measured,
+           "max_memory_allocated" if on_accelerator else "weights + live tensor bytes")
+
+
+def _judge(ctx, predicted: int, path: str, measured: int, method: str) -> None:
+    """The forecast ``predicted`` (by ``path``) against the ``measured`` peak of the trainer's step."""
+    from ..forecast.trace import error_share
+
+    trainer = ctx.state.trainer
+    ctx.measure("forecast_peak", predicted, "bytes", estimate=True)
+    ctx.measure("forecast_path", path, "")
     ctx.measure("measured_step_trainer", trainer.step_trainer, "")
     ctx.measure("measured_peak", measured, "bytes")
-    ctx.measure("measured_peak_method", "max_memory_allocated" if on_accelerator else "weights + live tensor bytes", "")
-    error = error_share(predicted.peak_bytes, measured)
+    ctx.measure("measured_peak_method", method, "")
+    error = error_share(predicted, measured)
     ctx.measure("forecast_error", error, "share")
     if abs(error) > FORECAST_TOLERANCE:
-        raise Fail(f"the forecast peak {human_bytes(predicted.peak_bytes)} is {error:+.0%} off the measured "
-                   f"{human_bytes(measured)} of {trainer.step_trainer}'s step on {kind} (tolerance "
-                   f"{FORECAST_TOLERANCE:.0%}; forecast path: {predicted.path}): model.memory_forecast's verdict is "
+        raise Fail(f"the forecast peak {human_bytes(predicted)} is {error:+.0%} off the measured "
+                   f"{human_bytes(measured)} of {trainer.step_trainer}'s step on {ctx.device.kind} (tolerance "
+                   f"{FORECAST_TOLERANCE:.0%}; forecast path: {path}): model.memory_forecast's verdict is "
                    "not to be trusted for this recipe here; judge by model.step_memory")
+
+
+def _mlx_forecast_error(ctx) -> None:
+    """An MLX recipe: mlx-lm's step forecast from config.json (forecast/mlx.py) against the peak
+    ``mx.get_peak_memory()`` measured of mlx-lm's own step here."""
+    own = getattr(ctx.state.trainer, "forecast", None)
+    if own is None:
+        raise Skip(f"an MLX recipe whose trainer is {ctx.state.trainer.label}: the MLX forecast is held against "
+                   "mlx-lm's own step (pip install \"mlx[cpu]\" \"mlx-lm[cpu]\")")
+    measured, _ = trainers_step_peak(ctx, on_accelerator=False)
+    predicted = own(ctx.state.run_inputs())
+    if predicted is None:
+        raise Skip("no MLX forecast: the model's config.json is not readable here")
+    _judge(ctx, predicted.peak_bytes, "mlx-lm step (forecast/mlx.py)", measured, "mx.get_peak_memory")
 
 
 def trainers_step_peak(ctx, on_accelerator: bool) -> tuple[int, int]:

@@ -42,8 +42,12 @@ def generate(ctx) -> None:
     ctx.measure("generated_tokens", len(expected), "tokens")
     if not expected:
         raise Fail(f"the trained model generated nothing for {result.example_where}")
-    outputs = reloaded_outputs(ctx.recipe, result.adapter_dir, result.prompt_ids, stops, tok.pad_token_id,
-                               ctx.torch_device(), state.scratch / "merged-model", trained_ids=expected)
+    # a trainer that saves and fuses its own way (mlx-lm) loads what it saved itself
+    outputs = (state.trainer.reloaded_outputs(ctx.recipe, result, stops)
+               if result.trainer == state.trainer.step_trainer else None)
+    if outputs is None:
+        outputs = reloaded_outputs(ctx.recipe, result.adapter_dir, result.prompt_ids, stops, tok.pad_token_id,
+                                   ctx.torch_device(), state.scratch / "merged-model", trained_ids=expected)
     for name, ids in outputs.items():
         if ids != expected:
             raise Fail(f"the reloaded {name} generates {tok.decode(ids)!r} but the in-memory model generated "
@@ -84,3 +88,29 @@ def interrupted_save(ctx) -> None:
                f"(the recipe's is {limit}) so a complete checkpoint survives, verify that trainer_state.json and the "
                "optimizer file (optimizer.pt) are in a checkpoint before resuming from it, or resume from an "
                "explicit earlier checkpoint (resume_from_checkpoint = its folder) rather than the newest")
+
+
+def _mlx_export_applies(recipe):
+    if recipe.hardware.device != "mlx":
+        return "not an MLX recipe ([hardware] device != \"mlx\")"
+    if recipe.export.format == "none":
+        return "the recipe declares no export ([export] format = \"none\")"
+    return None
+
+
+@check("lifecycle.mlx_export", stage=STAGES["lifecycle"] + 3, requires=("model.overfit",), applies=_mlx_export_applies)
+def mlx_export(ctx) -> None:
+    """The declared export, run as mlx_lm fuse runs it: the fused model equals base + adapters; a GGUF reads back."""
+    from ..outcomes import Skip
+    from ..trainers.mlx import export_refusal
+
+    refusal = export_refusal(ctx.recipe)  # read from config.json: decided before anything runs
+    if refusal:
+        raise Fail(refusal)
+    state = ctx.state
+    trainer = state.trainer
+    if not hasattr(trainer, "export"):
+        raise Skip(f"the recipe's trainer is {trainer.label}, not mlx-lm: the MLX export runs mlx-lm's fuse on its "
+                   "adapters (pip install \"mlx[cpu]\" \"mlx-lm[cpu]\", or mlx-lm on a Mac)")
+    for name, value in trainer.export(ctx.recipe, state.overfit, state.scratch).items():
+        ctx.measure(name, value, "bytes" if name.endswith("bytes") else "")

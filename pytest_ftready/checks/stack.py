@@ -219,10 +219,17 @@ def _model_type(recipe) -> Optional[str]:
     return None if config is None else config.get("model_type")
 
 
+def _mlx_missing() -> str:
+    from ..trainers.mlx import mlx_missing
+
+    return mlx_missing()
+
+
 @check("stack.mlx", stage=STAGES["stack"] + 4,
        applies=lambda r: None if r.hardware.device == "mlx" else "not an MLX recipe ([hardware] device != \"mlx\")")
 def mlx(ctx) -> None:
-    """mlx-lm implements the model's architecture, and the recipe's export path supports it."""
+    """mlx-lm implements the model's architecture (where mlx imports: mlx-lm loads the model, its
+    weights, tokenizer and template), and the recipe's export path supports it."""
     recipe, machine = ctx.recipe, ctx.machine
     if ctx.device.missing:
         raise Fail(ctx.device.missing)
@@ -234,6 +241,12 @@ def mlx(ctx) -> None:
         raise Skip("the model's config.json is not reachable offline; cannot read its model_type")
     resolved = facts["remapping"].get(model_type, model_type)
     ctx.measure("model_type", model_type, "")
+    if not machine.fake and not _mlx_missing():  # mlx-lm itself loads the model here (mlx's CPU backend or a Mac)
+        from ..trainers.mlx import loaded
+
+        for name, value in loaded(recipe).items():
+            ctx.measure(name, value, "")
+        facts = {**facts, "model_types": [*facts["model_types"], resolved]}  # mlx-lm loaded it: it implements it
     known = f"(per mlx-lm {facts['version']}; installed {machine.mlx_lm_version})"
     if resolved not in facts["model_types"]:
         raise Fail(f"mlx-lm does not implement model_type {model_type!r} {known}: mlx_lm.lora would stop with "

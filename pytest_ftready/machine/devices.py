@@ -42,10 +42,13 @@ def resolve_device(machine: Machine, wanted: str) -> Device:
                       memory_total_bytes=machine.host.memory_total_bytes)
     if wanted == "mlx":
         ok = machine.host.os == "Darwin" and machine.host.machine == "arm64"
+        if not ok and not machine.fake and mlx_cpu_backend():  # mlx[cpu] on Linux: MLX runs for real on the CPU
+            return Device(kind="mlx", torch_device="cpu", name=f"MLX's CPU backend ({machine.host.cpu_model})",
+                          memory_total_bytes=machine.host.memory_total_bytes)
         return Device(kind="mlx", torch_device="cpu", name="Apple silicon (MLX)",
                       memory_total_bytes=machine.host.memory_total_bytes,
-                      missing="" if ok else f"MLX needs an Apple silicon Mac; this is {machine.host.os} "
-                      f"{machine.host.machine}")
+                      missing="" if ok else f"MLX needs an Apple silicon Mac, or mlx's CPU backend (pip install "
+                      f"\"mlx[cpu]\" \"mlx-lm[cpu]\"); this is {machine.host.os} {machine.host.machine} without it")
     gpu = machine.gpus[0] if machine.gpus else None
     missing = "" if found == wanted else (
         f"the recipe asks for {wanted} but {no_accelerator_reason(machine)}" if found is None
@@ -54,3 +57,14 @@ def resolve_device(machine: Machine, wanted: str) -> Device:
                   name=gpu.name if gpu else wanted, memory_total_bytes=gpu.memory_total_bytes if gpu else None,
                   capability=gpu.capability if gpu else None, arch=gpu.arch if gpu else None,
                   driver=machine.nvml.driver_version, missing=missing)
+
+
+def mlx_cpu_backend() -> bool:
+    """Whether mlx's Python bindings (``mlx.core``) are installed here (Linux: ``mlx[cpu]``), found
+    without importing them."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("mlx") is not None and importlib.util.find_spec("mlx.core") is not None
+    except (ImportError, ValueError):
+        return False

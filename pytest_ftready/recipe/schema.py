@@ -129,7 +129,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
                          "Axolotl val_set_size, TRL test_split_size)"),
         "pipeline": _k("choice", "auto", "whose preprocessing and training step the checks run: auto = the "
                        "config's trainer where it is installed, else builtin (pytest-ftready's own)",
-                       choices=("auto", "builtin", "trl", "axolotl", "llamafactory", "unsloth")),
+                       choices=("auto", "builtin", "trl", "axolotl", "llamafactory", "unsloth", "mlx")),
     },
     "adapter": {
         "method": _k("choice", "lora", "none = full fine-tune", choices=("none", "lora")),

@@ -75,7 +75,7 @@ class DataTable(PRecord):
     eval_split: float
     """share of the training rows held out for evaluation (LLaMA-Factory val_size, Axolotl val_set_size, TRL
     test_split_size)"""
-    pipeline: Literal['auto', 'builtin', 'trl', 'axolotl', 'llamafactory', 'unsloth']
+    pipeline: Literal['auto', 'builtin', 'trl', 'axolotl', 'llamafactory', 'unsloth', 'mlx']
     """whose preprocessing and training step the checks run: auto = the config's trainer where it is installed, else
     builtin (pytest-ftready's own)"""
 

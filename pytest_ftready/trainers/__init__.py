@@ -6,7 +6,8 @@ session asks, each handed frozen inputs (``base.RunInputs``), never the session.
 trainer's run is shown beside. ``hf`` is the template of the trainers built on
 ``transformers.Trainer`` (step, overfit, saved run, fresh-process resume written once): ``trl``,
 ``axolotl``, ``llamafactory`` and ``unsloth`` each supply how they build their Trainer, and ``conftest``
-the team's own Trainer (the ``pytest_ftready_trainer`` hook) is built by the team's code. ``worker`` is the
+the team's own Trainer (the ``pytest_ftready_trainer`` hook) is built by the team's code; ``mlx`` is
+mlx-lm on Apple's MLX (its CPU backend on Linux). ``worker`` is the
 fresh process of every trainer's resume.
 
 Adding a trainer: one module with its class (on ``hf.HFTrainer`` where it builds a
@@ -30,6 +31,7 @@ TRAINERS = {
     "axolotl": ("axolotl", "AxolotlTrainer"),
     "llamafactory": ("llamafactory", "LlamaFactoryTrainer"),
     "unsloth": ("unsloth", "UnslothTrainer"),
+    "mlx": ("mlx", "MlxTrainer"),
 }
 ENGINE = "builtin"  # the built-in engine's name: every trainer's run is shown beside its run
 

@@ -357,6 +357,12 @@ class Trainer:
         """The overfit of the first ``overfit_examples`` (engine.overfit.OverfitResult)."""
         raise NotImplementedError
 
+    def reloaded_outputs(self, recipe, result, stops: frozenset) -> Optional[dict]:
+        """``lifecycle.generate`` on this trainer's own overfit: what its saved artifacts generate
+        ({name: ids}), loaded its own way (mlx-lm's load and fuse); None where they are loaded as a
+        server loads a transformers checkpoint (``engine.generate.reloaded_outputs``)."""
+        return None
+
     def saved_run(self, inputs: RunInputs) -> SavedRun:  # pragma: no cover - interface
         """The straight run and the checkpoint at its half."""
         raise NotImplementedError

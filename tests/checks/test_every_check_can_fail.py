@@ -233,6 +233,7 @@ PLANTS: dict[str, tuple[Callable, str]] = {
     "lifecycle.interrupted_save": (_resume_taking_a_partial_checkpoint, "and the resume takes it as complete"),
     "lifecycle.generate": (lambda k: k.make_state(overfit_steps="2", overfit_loss="0.1\nmax_new_tokens = 1"),
                            "does not stop within 1"),
+    "lifecycle.mlx_export": (lambda k: _quantized_base_for_gguf(k), "--dequantize --export-gguf"),
     "distributed.launch": (_rank_dies, "rank 1 failed in phase 'join'"),
     "distributed.collectives": (_slow_collectives, "under 25% of what rank 0's link should give"),
     "distributed.step": (_rank_over_capacity, "does not fit on every rank"),
@@ -253,6 +254,21 @@ PLANTS: dict[str, tuple[Callable, str]] = {
     "privacy.retention": (lambda k: k.make_state(backups='{ path = "backups", encrypted = false }'),
                           "declared unencrypted"),
 }
+
+
+def _quantized_base_for_gguf(kit):
+    """An MLX recipe declaring a GGUF export of a 4-bit base (tests/trainers/test_mlx.py runs the real one)."""
+    model = kit.example / "q4-model"
+    model.mkdir()
+    source = (kit.example / "model").resolve()
+    for file in source.iterdir():
+        (model / file.name).symlink_to(file)
+    (model / "config.json").unlink()
+    config = json.loads((source / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "quantization": {"bits": 4, "group_size": 64}}))
+    text = (kit.example / "recipe.toml").read_text().replace('path = "model"', 'path = "q4-model"')
+    (kit.example / "recipe.toml").write_text(text)
+    return kit.recipe_with('[export]\nformat = "gguf"', machine=fakes.apple(mlx_lm="0.32.2"), device='"mlx"')
 
 
 def _small_disk(state):

@@ -127,6 +127,9 @@ CONTRACT: dict[str, dict[str, str]] = {
         "[model]": "tests/trainers/test_unsloth.py::test_masking_judges_the_labels_unsloths_train_on_responses_only_makes",
         "python3 -m venv .venv-unsloth":
             "tests/trainers/test_unsloth.py::test_the_unsloth_notebook_template_is_what_step_overfit_resume_and_generate_run",
+        # docs/mlx.md: mlx's CPU backend beside the plugin (.ci/run builds that environment)
+        'pip install "mlx[cpu]" "mlx-lm[cpu]" pytest-ftready':
+            "tests/trainers/test_mlx.py::test_an_mlx_config_selects_mlx_lm_on_mlxs_cpu_backend",
     },
 }
 

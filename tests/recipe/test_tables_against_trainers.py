@@ -1,6 +1,7 @@
 """Each key table (recipe/importers/keys) held against the installed trainer's own schema: TRL's
-parser (main environment), Axolotl's pydantic input config and LLaMA-Factory's argument
-dataclasses (their CI environments run this file too). A key, default or alias the table has
+parser (main environment), Axolotl's pydantic input config, LLaMA-Factory's argument
+dataclasses and mlx-lm's CONFIG_DEFAULTS with its parser and dataset keys (their CI
+environments run this file too). A key, default or alias the table has
 and the trainer does not, or the other way round, fails naming it, so a new trainer release
 shows as a list of keys to update, never as a silent default. Skipped where the trainer is not
 installed, saying which."""
@@ -66,8 +67,27 @@ def llamafactory_schema():
     return llamafactory.__version__, defaults, {}
 
 
+def mlx_schema():
+    """mlx-lm's keys: CONFIG_DEFAULTS, its parser's options, and what its dataset classes read off
+    the same namespace (``getattr(config, "prompt_feature", "prompt")``), each with its default."""
+    import importlib.metadata
+    import inspect
+    import re
+
+    from mlx_lm import lora
+    from mlx_lm.tuner import datasets
+
+    defaults = dict(lora.CONFIG_DEFAULTS)
+    for action in lora.build_parser()._actions:
+        if action.dest != "help":
+            defaults.setdefault(action.dest, action.default)
+    for name, default in re.findall(r'getattr\((?:config|args), "(\w+)", ([^)]+)\)', inspect.getsource(datasets)):
+        defaults.setdefault(name, None if default in ("False", "None") else default.strip('"'))
+    return importlib.metadata.version("mlx-lm"), defaults, {}
+
+
 SCHEMAS = {"trl": ("trl", trl_schema), "axolotl": ("axolotl", axolotl_schema),
-           "llamafactory": ("llamafactory", llamafactory_schema)}
+           "llamafactory": ("llamafactory", llamafactory_schema), "mlx": ("mlx_lm", mlx_schema)}
 
 
 @pytest.fixture(scope="module", params=sorted(SCHEMAS))
@@ -99,6 +119,8 @@ def _held(row, name: str, version: str) -> bool:
 def _same(row, table_default, schema_default) -> bool:
     if schema_default is None and "unset" in row.does:  # the row says what the trainer does with None
         return True
+    if isinstance(table_default, dict) or isinstance(schema_default, dict):  # mlx-lm's lora_parameters
+        return table_default == schema_default
     if table_default in COMPUTED or table_default is None:
         return schema_default is None or schema_default == table_default
     if isinstance(table_default, float) or isinstance(schema_default, float):
@@ -150,8 +172,13 @@ def test_the_tables_aliases_are_the_installed_trainers(schema):
 
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny"
-CONFIGS = {"trl": "trl-sft.yaml", "axolotl": "axolotl.yml", "llamafactory": "llamafactory.yaml"}
-ASKS = {"trl": "ask_trl", "axolotl": "ask_axolotl", "llamafactory": "ask_llamafactory"}
+CONFIGS = {"trl": "trl-sft.yaml", "axolotl": "axolotl.yml", "llamafactory": "llamafactory.yaml",
+           "mlx": "lora_config.yaml"}
+ASKS = {"trl": "ask_trl", "axolotl": "ask_axolotl", "llamafactory": "ask_llamafactory", "mlx": "ask_mlx"}
+# The example's run as an mlx-lm config (examples/tiny has none: mlx-lm's CI environment reads this one).
+MLX_CONFIG = ("model: model\ndata: data\nnum_layers: -1\nbatch_size: 4\nmax_seq_length: 128\nmask_prompt: true\n"
+              "learning_rate: 1e-2\nlora_parameters: {rank: 8, scale: 4.0, dropout: 0.0, keys: [self_attn.q_proj, "
+              "self_attn.v_proj]}\n")
 
 
 def test_the_example_reads_to_the_same_recipe_through_the_trainers_schema_and_through_its_table(
@@ -164,7 +191,10 @@ def test_the_example_reads_to_the_same_recipe_through_the_trainers_schema_and_th
     from pytest_ftready.recipe import load_recipe
     trainer, version = schema[:2]
     for name in (CONFIGS[trainer], "ftready.toml"):
-        shutil.copy(EXAMPLE / name, tiny_example / name)
+        if trainer == "mlx" and name == CONFIGS[trainer]:
+            (tiny_example / name).write_text(MLX_CONFIG)
+        else:
+            shutil.copy(EXAMPLE / name, tiny_example / name)
     if trainer == "llamafactory":
         shutil.copy(EXAMPLE / "data" / "dataset_info.json", tiny_example / "data" / "dataset_info.json")
     asked = load_recipe(tiny_example / CONFIGS[trainer])

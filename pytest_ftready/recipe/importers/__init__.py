@@ -1,5 +1,6 @@
 """Recipes from the configs teams already have: a TRL ``trl sft --config`` YAML (and the
-recipes built on TRL), an Axolotl YAML, a LLaMA-Factory YAML (+ its ``dataset_info.json``).
+recipes built on TRL), an Axolotl YAML, a LLaMA-Factory YAML (+ its ``dataset_info.json``), an
+mlx-lm LoRA YAML (``mlx_lm lora -c``).
 The format is recognised from the file's keys. Each trainer's keys are data
 (``keys/<trainer>.toml``: the trainer's defaults, aliases, what each key does, its class and
 its source); ``table.apply`` walks a config through its table so that every key is
@@ -9,7 +10,7 @@ local model path), and the result goes through the recipe schema's validation.
 ``Recipe.origin`` keeps the translation: which key became which, each key's class, the notes,
 what the side file overrode.
 
-Axolotl and LLaMA-Factory are never imported (the files are read); TRL's parser is asked when
+Axolotl, LLaMA-Factory and mlx-lm are never imported (the files are read); TRL's parser is asked when
 TRL is installed, lazily, at import of a TRL config. Imports nothing outside ``recipe``."""
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from pathlib import Path
 from typing import Optional
 
 from ..schema import Recipe, RecipeError
-from . import axolotl, llamafactory, trl
+from . import axolotl, llamafactory, mlx, trl
 from .base import Builder, SideFileNeeded, Translation, read_yaml
 
-IMPORTERS = {"trl": trl, "axolotl": axolotl, "llamafactory": llamafactory}
+IMPORTERS = {"trl": trl, "axolotl": axolotl, "llamafactory": llamafactory, "mlx": mlx}
 # Keys only one trainer's config has: enough to tell the three apart.
 AXOLOTL_KEYS = ("base_model", "micro_batch_size", "sequence_len", "sample_packing", "num_epochs")
 LLAMAFACTORY_KEYS = ("stage", "finetuning_type", "cutoff_len", "dataset_dir", "lora_rank", "lora_target", "template")
@@ -34,9 +35,13 @@ LLAMAFACTORY_V1_KEYS = ("train_dataset", "model_class", "dist_config")
 
 
 def detect(raw: dict) -> str | None:
-    """Which trainer wrote this mapping: "axolotl", "llamafactory", "trl", or None."""
+    """Which trainer wrote this mapping: "axolotl", "llamafactory", "trl", "mlx", or None. An
+    mlx-lm config (``model`` and ``data`` with its own keys: ``mlx.is_mlx``) is told by keys no
+    other trainer's config has, and only where none of theirs is there."""
     if "model" in raw and any(key in raw for key in LLAMAFACTORY_V1_KEYS):
         return "llamafactory_v1"
+    if mlx.is_mlx(raw) and not any(key in raw for key in (*AXOLOTL_KEYS, *LLAMAFACTORY_KEYS, *TRL_KEYS)):
+        return "mlx"
     if any(key in raw for key in AXOLOTL_KEYS):
         return "axolotl"
     if any(key in raw for key in LLAMAFACTORY_KEYS) or isinstance(raw.get("dataset"), str):
@@ -53,8 +58,9 @@ def load_config(path: Path | str, standing_in: Optional[dict] = None) -> Recipe:
     raw = read_yaml(path)
     fmt = detect(raw)
     if fmt is None:
-        raise RecipeError(path, "", "not a TRL, Axolotl or LLaMA-Factory config (none of base_model, "
-                          "model_name_or_path with stage/finetuning_type, or model_name_or_path with SFTConfig keys); "
+        raise RecipeError(path, "", "not a TRL, Axolotl or LLaMA-Factory config, nor mlx-lm's (none of base_model, "
+                          "model_name_or_path with stage/finetuning_type, model_name_or_path with SFTConfig keys, or "
+                          "model with mlx-lm's fine_tune_type/num_layers/lora_parameters/iters); "
                           "pass a recipe.toml or one of those configs")
     if fmt == "llamafactory_v1":
         raise RecipeError(path, "train_dataset", "a LLaMA-Factory v1 config (model / train_dataset / dist_config), "
