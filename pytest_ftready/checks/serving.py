@@ -1,0 +1,115 @@
+"""Serving checks (issue 41): from the trained checkpoint to the model the team serves, as the
+recipe's [serving] table declares it. Each is skipped, with the reason, where the recipe declares
+no serving engine or another engine. The logic lives in ``pytest_ftready.serving``; these bodies
+ask the run's facts and report."""
+
+from __future__ import annotations
+
+from ..outcomes import Fail, Skip
+from .registry import STAGES, check
+
+NO_ENGINE = "the recipe declares no serving engine ([serving] engine)"
+STAGE = STAGES["lifecycle"] + 5
+SAMPLED = 8  # training conversations whose inference prompts are held against the served render
+
+
+def serves_with(*engines: str):
+    """applies: the recipe's [serving] engine is one of ``engines``."""
+    def applies(recipe):
+        engine = recipe.serving.engine
+        if engine == "none":
+            return NO_ENGINE
+        return None if engine in engines else f"[serving] engine is {engine}, not {' or '.join(engines)}"
+    return applies
+
+
+def _fail_all(findings: list, what: str) -> None:
+    if findings:
+        raise Fail(f"{what}: " + " | ".join(map(str, findings)))
+
+
+@check("lifecycle.serving_template", stage=STAGE, requires=("data.masking",),
+       applies=serves_with("transformers", "vllm", "llama.cpp", "ollama", "mlx"))
+def serving_template(ctx) -> None:
+    """The serving chat template renders each sampled training prompt to the trained token ids (BOS once) and closes turns with the trained stop token."""
+    from ..serving import templates
+
+    path = ctx.recipe.serving.chat_template
+    if not path:
+        raise Skip("no [serving] chat_template: the server uses the model's own template (the training one; "
+                   "lifecycle.gguf checks a GGUF's embedded template)")
+    state = ctx.state
+    tok = state.tokenizer
+    convs = templates.conversations(state, SAMPLED)
+    if not convs:
+        raise Skip("no sampled chat conversation to render (the data has no chat rows)")
+    render, tokenize, describe = templates.transformers_engine(tok, path.read_text(encoding="utf-8"))
+    stops = templates.stop_texts(tok, state.encoder.stop_ids)
+    try:
+        result = templates.compare(convs, render, tokenize, describe, tok.bos_token_id, stops,
+                                   f"the serving template {path.name}")
+    except Exception as exc:  # noqa: BLE001 - a template the tokenizer cannot render
+        raise Fail(f"the serving template {path} does not render a training conversation: "
+                   f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+    ctx.measure("served_prompts", result.prompts, "prompts")
+    ctx.measure("prompt_token_agreement", result.agreeing, "prompts")
+    _fail_all(result.problems, "the serving template is not the trained one")
+
+
+@check("lifecycle.ollama", stage=STAGE + 1, requires=("data.masking",), applies=serves_with("ollama"))
+def ollama(ctx) -> None:
+    """An Ollama Modelfile's TEMPLATE, SYSTEM and PARAMETER stop held against the training render and the trained stop token."""
+    from ..serving import modelfile, templates
+
+    path = ctx.recipe.serving.modelfile
+    if not path:
+        raise Skip("no [serving] modelfile: Ollama then uses the GGUF's template and stop tokens (lifecycle.gguf)")
+    try:
+        parsed = modelfile.parse(path)
+    except (modelfile.ModelfileError, UnicodeDecodeError) as exc:
+        raise Fail(str(exc)) from None
+    state = ctx.state
+    tok = state.tokenizer
+    convs = templates.conversations(state, 1)
+    if not convs:
+        raise Skip("no sampled chat conversation to hold the Modelfile against")
+    conv = convs[0]
+    rendered = state.encoder.render([*conv.prompt, {"role": "assistant", "content": conv.answer}])
+    stops = templates.stop_texts(tok, state.encoder.stop_ids)
+    ctx.measure("modelfile_stops", len(parsed.stops), "stops")
+    ctx.suite_property("ollama_template", "Modelfile TEMPLATE" if parsed.template is not None
+                       else "the GGUF's own template (no TEMPLATE)")
+    _fail_all(modelfile.judge(parsed, stops, rendered, list(tok.all_special_tokens)),
+              "the Modelfile does not serve the trained model as trained")
+
+
+@check("lifecycle.vllm_adapter", stage=STAGE + 2, requires=("model.overfit",), applies=serves_with("vllm"))
+def vllm_adapter(ctx) -> None:
+    """The saved adapter held against vLLM's LoRA rules (rank limit, modules_to_save, embedding adapters, targets, architecture)."""
+    import json
+
+    from ..serving import vllm
+
+    if ctx.recipe.adapter.method != "lora":
+        raise Skip("a full fine-tune: vLLM serves the saved model itself, with no LoRA rules")
+    adapter_dir = ctx.state.overfit.adapter_dir
+    rules = vllm.load_rules()
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    ctx.measure("adapter_rank", config.get("r"), "rank")
+    ctx.measure("vllm_max_lora_rank", ctx.recipe.serving.max_lora_rank or rules.default_rank, "rank")
+    ctx.suite_property("vllm_rules", rules.origin)
+    architecture = _architecture(ctx.recipe)
+    _fail_all(vllm.judge_adapter(adapter_dir, rules, ctx.recipe.serving.max_lora_rank, architecture),
+              f"vLLM will not serve the adapter as trained (rules: {rules.origin})")
+
+
+def _architecture(recipe) -> str:
+    import json
+
+    if not recipe.model.path:
+        return ""
+    config = recipe.model.path / "config.json"
+    try:
+        return (json.loads(config.read_text()).get("architectures") or [""])[0]
+    except (OSError, ValueError):
+        return ""
