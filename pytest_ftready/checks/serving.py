@@ -113,3 +113,73 @@ def _architecture(recipe) -> str:
         return (json.loads(config.read_text()).get("architectures") or [""])[0]
     except (OSError, ValueError):
         return ""
+
+
+@check("lifecycle.gguf", stage=STAGE + 3, requires=("model.overfit",), applies=serves_with("llama.cpp", "ollama"))
+def gguf(ctx) -> None:
+    """llama.cpp for real: the merged model converted by llama.cpp's converter, its template, stop tokens and greedy output held against training."""
+    from ..serving import export, gguf, templates
+
+    reason = gguf.missing()
+    if reason:
+        raise Skip(f"lifecycle.gguf runs llama.cpp itself and {reason}")
+    converter = gguf.find_converter(ctx.recipe.serving.converter or None)
+    if converter is None:
+        raise Skip(gguf.GET_CONVERTER)
+    state, tok = ctx.state, ctx.state.tokenizer
+    work = state.scratch / "serving"
+    work.mkdir(parents=True, exist_ok=True)
+    ctx.suite_property("gguf_converter", gguf.converter_version(converter))
+    folder = export.merged_folder(state, work / "merged")
+    try:
+        f16 = gguf.convert(folder, work / "model-f16.gguf", converter)
+    except gguf.Refused as exc:
+        raise Fail(str(exc)) from None
+    ctx.measure("gguf_f16_size", f16.stat().st_size, "bytes")
+    loaded = gguf.load(f16, context=max(512, ctx.recipe.data.max_length + ctx.recipe.checks.max_new_tokens))
+    problems = []
+    stop_ids = sorted(state.encoder.stop_ids)
+    stops = templates.stop_texts(tok, stop_ids)
+    for name, token in loaded.stop_ids().items():
+        ctx.measure(f"gguf_{name}_id", token, "token")
+    stopping = [i for i in stop_ids if loaded.is_eog(i)]
+    ctx.measure("trained_stop_ids_stopped_on", len(stopping), "tokens")
+    if not stopping:
+        problems.append(f"the trained end-of-turn token(s) {' / '.join(stops)} (ids {stop_ids}) are not end-of-generation "
+                        f"tokens of the GGUF (its {loaded.stop_ids()}): llama.cpp does not stop on them and the model "
+                        "runs on; set the tokenizer's eos_token (generation_config.json eos_token_id) to the "
+                        "end-of-turn token before converting")
+    if loaded.template is None:
+        problems.append("the GGUF embeds no chat template (tokenizer.chat_template): llama.cpp and Ollama then guess "
+                        "one; save the training chat template with the tokenizer before converting")
+    else:
+        convs = templates.conversations(state, SAMPLED)
+        bos = loaded.llm.token_bos()
+        result = templates.compare(convs, loaded.render, loaded.tokenize, loaded.describe, bos if bos >= 0 else None,
+                                   stops, "the GGUF's chat template (as llama.cpp renders and tokenizes it)")
+        ctx.measure("gguf_prompts", result.prompts, "prompts")
+        ctx.measure("gguf_prompt_token_agreement", result.agreeing, "prompts")
+        problems += result.problems
+    run = state.overfit
+    expected = list(run.greedy_ids)
+    n = max(1, len(expected))
+    got = loaded.greedy(run.prompt_ids, n)
+    match = gguf.matching_prefix(got, expected)
+    ctx.measure("greedy_tokens", len(expected), "tokens")
+    ctx.measure("greedy_match_f16", match, "tokens")
+    if match < len(expected):
+        problems.append(f"greedy generation from the f16 GGUF differs from transformers' on the trained model at token "
+                        f"{match} of {len(expected)}: llama.cpp {loaded.describe(got[match:match + 4])!r}, transformers "
+                        f"{tok.decode(expected[match:match + 4])!r} (the conversion changed the model)")
+    del loaded
+    kind = ctx.recipe.serving.quantization.upper()
+    if kind and kind not in ("F16", "F32", "BF16"):
+        try:
+            quantized = gguf.quantize(f16, work / f"model-{kind}.gguf", kind)
+        except gguf.Refused as exc:
+            raise Fail(str(exc)) from None
+        ctx.measure("gguf_quantized_size", quantized.stat().st_size, "bytes")
+        got_q = gguf.load(quantized).greedy(run.prompt_ids, n)
+        ctx.measure("greedy_match_quantized", gguf.matching_prefix(got_q, expected), "tokens")
+        ctx.suite_property("gguf_quantization", kind)
+    _fail_all(problems, "the GGUF llama.cpp serves is not the trained model as trained")

@@ -113,7 +113,7 @@ def test_serving_checks_skip_without_an_engine(make_state):
     from pytest_ftready.checks.registry import REGISTRY
 
     state = make_state()
-    for check_id in ("lifecycle.serving_template", "lifecycle.ollama", "lifecycle.vllm_adapter"):
+    for check_id in ("lifecycle.serving_template", "lifecycle.ollama", "lifecycle.vllm_adapter", "lifecycle.gguf"):
         assert REGISTRY[check_id].applies(state.recipe) == "the recipe declares no serving engine ([serving] engine)"
 
 
