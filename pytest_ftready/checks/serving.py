@@ -136,7 +136,8 @@ def gguf(ctx) -> None:
     except gguf.Refused as exc:
         raise Fail(str(exc)) from None
     ctx.measure("gguf_f16_size", f16.stat().st_size, "bytes")
-    loaded = gguf.load(f16, context=max(512, ctx.recipe.data.max_length + ctx.recipe.checks.max_new_tokens))
+    context = max(512, ctx.recipe.data.max_length + ctx.recipe.checks.max_new_tokens)
+    loaded = gguf.load(f16, context=context)
     problems = []
     stop_ids = sorted(state.encoder.stop_ids)
     stops = templates.stop_texts(tok, stop_ids)
@@ -179,7 +180,7 @@ def gguf(ctx) -> None:
         except gguf.Refused as exc:
             raise Fail(str(exc)) from None
         ctx.measure("gguf_quantized_size", quantized.stat().st_size, "bytes")
-        got_q = gguf.load(quantized).greedy(run.prompt_ids, n)
+        got_q = gguf.load(quantized, context=context).greedy(run.prompt_ids, n)
         ctx.measure("greedy_match_quantized", gguf.matching_prefix(got_q, expected), "tokens")
         ctx.suite_property("gguf_quantization", kind)
     _fail_all(problems, "the GGUF llama.cpp serves is not the trained model as trained")
