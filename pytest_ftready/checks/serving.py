@@ -172,7 +172,7 @@ def gguf(ctx) -> None:
         problems.append(f"greedy generation from the f16 GGUF differs from transformers' on the trained model at token "
                         f"{match} of {len(expected)}: llama.cpp {loaded.describe(got[match:match + 4])!r}, transformers "
                         f"{tok.decode(expected[match:match + 4])!r} (the conversion changed the model)")
-    del loaded
+    loaded.close()
     kind = ctx.recipe.serving.quantization.upper()
     if kind and kind not in ("F16", "F32", "BF16"):
         try:
@@ -180,7 +180,9 @@ def gguf(ctx) -> None:
         except gguf.Refused as exc:
             raise Fail(str(exc)) from None
         ctx.measure("gguf_quantized_size", quantized.stat().st_size, "bytes")
-        got_q = gguf.load(quantized, context=context).greedy(run.prompt_ids, n)
+        served = gguf.load(quantized, context=context)
+        got_q = served.greedy(run.prompt_ids, n)
+        served.close()
         ctx.measure("greedy_match_quantized", gguf.matching_prefix(got_q, expected), "tokens")
         ctx.suite_property("gguf_quantization", kind)
     _fail_all(problems, "the GGUF llama.cpp serves is not the trained model as trained")

@@ -118,6 +118,9 @@ class Loaded:
     def template(self) -> Optional[str]:
         return self.metadata.get("tokenizer.chat_template")
 
+    def close(self) -> None:
+        self.llm.close()
+
     def is_eog(self, token: int) -> bool:
         import llama_cpp
 

@@ -87,6 +87,7 @@ LLAMA3 = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role']
 def test_gguf_template_adding_bos_where_llama_cpp_also_does_fails(tiny_example, make_state, run_check, tmp_path):
     """Llama 3's tokenizer adds BOS (llama.cpp's add_bos_token) and its template writes {{ bos_token }}:
     training rendered one BOS (add_special_tokens = false), llama.cpp's server two."""
+    from tokenizers import processors
     from transformers import AutoTokenizer
 
     from pytest_ftready.tiny import build_model
@@ -94,6 +95,10 @@ def test_gguf_template_adding_bos_where_llama_cpp_also_does_fails(tiny_example, 
     tok = AutoTokenizer.from_pretrained(str(SRC / "vendor" / "llama.cpp" / "models"),
                                         gguf_file="ggml-vocab-llama-bpe.gguf")
     tok.eos_token, tok.pad_token, tok.chat_template = "<|eot_id|>", "<|end_of_text|>", LLAMA3
+    # as Meta's Llama 3 tokenizer.json: its post-processor adds <|begin_of_text|> (the GGUF's add_bos_token)
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A $B",
+        special_tokens=[("<|begin_of_text|>", tok.bos_token_id)])
     _on_model(tiny_example, build_model(tok, tmp_path / "llama3-vocab"))
     _serving(tiny_example, 'engine = "llama.cpp"')
     with pytest.raises(Fail) as info:
