@@ -35,7 +35,7 @@ class Modelfile:
 def parse(path: Path) -> Modelfile:
     text = Path(path).read_text(encoding="utf-8")
     out = Modelfile(Path(path))
-    i, line_no = 0, 1
+    i = 0
     lines = text.split("\n")
     while i < len(lines):
         line = lines[i].strip()

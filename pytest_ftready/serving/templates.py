@@ -6,7 +6,7 @@ and its tokenizer (transformers' for a serving .jinja, llama.cpp's for a GGUF)."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 
@@ -22,10 +22,7 @@ class Conversation:
 class Agreement:
     prompts: int = 0
     agreeing: int = 0
-    problems: list = None  # one line per finding
-
-    def __post_init__(self):
-        self.problems = self.problems or []
+    problems: list = field(default_factory=list)  # one line per finding
 
 
 def conversations(state, most: int) -> list[Conversation]:

@@ -9,14 +9,13 @@ import shutil
 
 import pytest
 
-from pytest_ftready.outcomes import Fail, Skip
+from pytest_ftready.outcomes import Fail
 from pytest_ftready.recipe.schema import RecipeError, parse_recipe
 from pytest_ftready.serving import modelfile, vllm
 
 from ..conftest import values
 
 GOOD = '[model]\npath = "model"\n[data]\ntrain = ["train.jsonl"]\n'
-TRAINED_TEMPLATE = None  # the tiny tokenizer's own template (read in the tests)
 
 
 @pytest.fixture
