@@ -65,7 +65,7 @@ def check(id: str, *, stage: int, accelerator: Union[bool, Callable] = False, ni
 
 
 CHECK_MODULES = ("checkpoint", "data", "distributed", "forecast", "headroom", "levers", "lifecycle", "model", "privacy",
-                 "repro", "stack", "sustained")
+                 "repro", "serving", "stack", "sustained")
 
 
 def all_checks() -> list[CheckSpec]:

@@ -82,6 +82,12 @@ DTYPES = ("float32", "float16", "bfloat16")
 ATTN = ("eager", "sdpa", "flash_attention_2", "flash_attention_3")
 CHAT_FORMATS = ("messages", "sharegpt", "alpaca")  # layouts always rendered through the chat template
 FORMATS = ("auto", *CHAT_FORMATS, "prompt_completion", "text")
+SERVING_ENGINES = ("none", "transformers", "llama.cpp", "ollama", "vllm", "mlx")
+GGUF_ENGINES = ("llama.cpp", "ollama")
+# llama.cpp's quantization types (tools/quantize/quantize.cpp QUANT_OPTIONS, the common ones), as
+# llama-quantize names them
+GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_1",
+              "Q4_0", "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K", "IQ4_NL", "IQ4_XS", "IQ3_M", "IQ3_XXS", "IQ2_M", "IQ2_XS")
 ROLES = ("system", "user", "assistant", "tool", "developer")  # message roles chat templates know
 
 SCHEMA: dict[str, dict[str, Key]] = {
@@ -245,6 +251,21 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "response_part": _k("str", "", "train_on_responses_only's response_part: the text opening an assistant "
                             "turn in the rendered template, e.g. \"<|im_start|>assistant\\n\""),
     },
+    # How the trained model is served (checks/serving.py, issue 41): the serving checks apply where engine is set.
+    "serving": {
+        "engine": _k("choice", "none", "what serves the trained model: none (not declared: the serving checks are "
+                     "skipped), transformers, llama.cpp (a GGUF), ollama (a GGUF with a Modelfile), vllm or mlx",
+                     choices=SERVING_ENGINES),
+        "quantization": _k("str", "", "the quantization it is served at: a llama.cpp type (Q4_K_M, Q8_0, F16 ...) "
+                           "for llama.cpp and ollama; \"\" = 16-bit"),
+        "modelfile": _k("path", "", "the Ollama Modelfile the team serves with (ollama)", must_exist=True),
+        "chat_template": _k("path", "", "a .jinja chat template the server is given instead of the model's own "
+                            "(vLLM --chat-template, llama.cpp --chat-template-file)", must_exist=True),
+        "max_lora_rank": _k("int", 0, "vLLM's --max-lora-rank the deployment passes (0 = not passed: vLLM's default)",
+                            most=1 << 16),
+        "converter": _k("path", "", "llama.cpp's convert_hf_to_gguf.py (else $FTREADY_GGUF_CONVERTER, or the "
+                        "llama-cpp-python source distribution found by lifecycle.gguf)", must_exist=True),
+    },
     # Multi-GPU readiness (checks/distributed.py, issue 17): the checks apply to recipes with this table.
     "distributed": {
         "world_size": _k("int", 0, "processes (GPUs) per node; 0 = the visible GPUs (1 on a CPU)", most=1 << 16),
@@ -298,6 +319,7 @@ class Recipe(PRecord):
     origin: Any = pfield(initial=None)  # importers.Translation when read from a trainer's config, else None
     distributed: tables.DistributedTable = pfield()
     unsloth: tables.UnslothTable = pfield()
+    serving: tables.ServingTable = pfield()
     declared: frozenset[str] = pfield()  # frozenset of the tables written in the file (the rest are defaults)
 
     def to_dict(self) -> dict[str, Any]:
@@ -607,6 +629,7 @@ def _cross_checks(parser: _Parser, t: dict[str, PRecord]) -> None:
                           "accepted fingerprints, one a line")
     _distributed_checks(parser, t)
     _unsloth_checks(parser, t)
+    _serving_checks(parser, t["serving"])
     pins = t["pins"].packages
     bad_pins = [k for k, v in pins.items() if not isinstance(v, str)]
     if bad_pins:
@@ -663,6 +686,28 @@ def _unsloth_checks(parser: _Parser, t: dict[str, PRecord]) -> None:
     if data.packing:
         raise parser.fail("[data] packing", "Unsloth's train_on_responses_only masks unpacked rows: write packing = "
                           "false for [data] pipeline = \"unsloth\"")
+
+
+def _serving_checks(parser: _Parser, serving: PRecord) -> None:
+    engine = serving.engine
+    if serving.modelfile and engine != "ollama":
+        raise parser.fail("[serving] modelfile", f"a Modelfile is what Ollama reads, but engine is {engine!r}: write "
+                          "engine = \"ollama\", or remove modelfile")
+    if serving.max_lora_rank and engine != "vllm":
+        raise parser.fail("[serving] max_lora_rank", f"is vLLM's --max-lora-rank, but engine is {engine!r}: write "
+                          "engine = \"vllm\", or remove max_lora_rank")
+    if engine == "none" and (serving.quantization or serving.chat_template or serving.converter):
+        key = next(k for k in ("quantization", "chat_template", "converter") if serving[k])
+        raise parser.fail(f"[serving] {key}", "set, but no engine: write engine = one of "
+                          f"{', '.join(SERVING_ENGINES[1:])}, so the serving checks know what serves the model")
+    if serving.converter and engine not in GGUF_ENGINES:
+        raise parser.fail("[serving] converter", f"llama.cpp's GGUF converter is for engine llama.cpp or ollama, not "
+                          f"{engine!r}: remove converter")
+    if serving.quantization and engine in GGUF_ENGINES and serving.quantization.upper() not in GGUF_TYPES:
+        raise parser.fail("[serving] quantization", f"{_shown(serving.quantization)} is not a llama.cpp quantization "
+                          f"type; expected one of {', '.join(GGUF_TYPES)}"
+                          + "".join(f" (did you mean {c}?)" for c in difflib.get_close_matches(
+                              serving.quantization.upper(), GGUF_TYPES, n=1, cutoff=0.6)))
 
 
 def _distributed_checks(parser: _Parser, t: dict[str, PRecord]) -> None:

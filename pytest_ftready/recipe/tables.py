@@ -276,6 +276,27 @@ class UnslothTable(PRecord):
     "<|im_start|>assistant\\n\""""
 
 
+class ServingTable(PRecord):
+    """[serving]"""
+
+    engine: Literal['none', 'transformers', 'llama.cpp', 'ollama', 'vllm', 'mlx']
+    """what serves the trained model: none (not declared: the serving checks are skipped), transformers, llama.cpp
+    (a GGUF), ollama (a GGUF with a Modelfile), vllm or mlx"""
+    quantization: str
+    """the quantization it is served at: a llama.cpp type (Q4_K_M, Q8_0, F16 ...) for llama.cpp and ollama; "" =
+    16-bit"""
+    modelfile: Path | str
+    """the Ollama Modelfile the team serves with (ollama)"""
+    chat_template: Path | str
+    """a .jinja chat template the server is given instead of the model's own (vLLM --chat-template, llama.cpp
+    --chat-template-file)"""
+    max_lora_rank: int
+    """vLLM's --max-lora-rank the deployment passes (0 = not passed: vLLM's default)"""
+    converter: Path | str
+    """llama.cpp's convert_hf_to_gguf.py (else $FTREADY_GGUF_CONVERTER, or the llama-cpp-python source distribution
+    found by lifecycle.gguf)"""
+
+
 class DistributedTable(PRecord):
     """[distributed]"""
 
@@ -312,5 +333,6 @@ TABLE_TYPES: dict[str, type[PRecord]] = {
     'privacy': PrivacyTable,
     'export': ExportTable,
     'unsloth': UnslothTable,
+    'serving': ServingTable,
     'distributed': DistributedTable,
 }

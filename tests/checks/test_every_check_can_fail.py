@@ -234,6 +234,13 @@ PLANTS: dict[str, tuple[Callable, str]] = {
     "lifecycle.generate": (lambda k: k.make_state(overfit_steps="2", overfit_loss="0.1\nmax_new_tokens = 1"),
                            "does not stop within 1"),
     "lifecycle.mlx_export": (lambda k: _quantized_base_for_gguf(k), "--dequantize --export-gguf"),
+    "lifecycle.serving_template": (lambda k: _serving_template_without_the_stop(k),
+                                   "without the trained end-of-turn token <|im_end|>"),
+    "lifecycle.ollama": (lambda k: _modelfile(k, "FROM ./tiny.gguf\nPARAMETER stop </s>\n"),
+                         "is not the trained end-of-turn token <|im_end|>"),
+    "lifecycle.vllm_adapter": (lambda k: k.recipe_with('[serving]\nengine = "vllm"', r="32"),
+                               "above vLLM's max_lora_rank 16"),
+    "lifecycle.gguf": (lambda k: _tokenizer_the_converter_does_not_know(k), "BPE pre-tokenizer was not recognized"),
     "distributed.launch": (_rank_dies, "rank 1 failed in phase 'join'"),
     "distributed.collectives": (_slow_collectives, "under 25% of what rank 0's link should give"),
     "distributed.step": (_rank_over_capacity, "does not fit on every rank"),
@@ -269,6 +276,32 @@ def _quantized_base_for_gguf(kit):
     text = (kit.example / "recipe.toml").read_text().replace('path = "model"', 'path = "q4-model"')
     (kit.example / "recipe.toml").write_text(text)
     return kit.recipe_with('[export]\nformat = "gguf"', machine=fakes.apple(mlx_lm="0.32.2"), device='"mlx"')
+
+
+def _serving_template_without_the_stop(kit):
+    """A serving template that leaves the end-of-turn token out of an assistant turn's close."""
+    trained = (kit.example / "model" / "chat_template.jinja").read_text(encoding="utf-8")
+    served = trained.replace("message['content'] + '<|im_end|>' }}", "message['content'] }}")
+    assert served != trained
+    (kit.example / "serve.jinja").write_text(served, encoding="utf-8")
+    return kit.recipe_with('[serving]\nengine = "vllm"\nchat_template = "serve.jinja"')
+
+
+def _modelfile(kit, text: str):
+    (kit.example / "Modelfile").write_text(text, encoding="utf-8")
+    return kit.recipe_with('[serving]\nengine = "ollama"\nmodelfile = "Modelfile"')
+
+
+def _tokenizer_the_converter_does_not_know(kit):
+    """The tiny tokenizer, which llama.cpp's converter refuses (tests/serving/test_gguf.py; CI's
+    serving job runs this plant with llama.cpp installed)."""
+    from pytest_ftready.serving import gguf
+
+    missing = gguf.missing() or ("" if gguf.find_converter(None) else gguf.GET_CONVERTER)
+    if missing:  # CI's serving job has them: there a missing one fails
+        (pytest.fail if os.environ.get("FTREADY_SERVING_CI") else pytest.skip)(
+            f"lifecycle.gguf's plant runs llama.cpp's converter: {missing}")
+    return kit.recipe_with('[serving]\nengine = "llama.cpp"')
 
 
 def _small_disk(state):

@@ -38,6 +38,8 @@ CONTRACT: dict[str, dict[str, str]] = {
     },
     "env": {
         "FTREADY_RECIPE": "test_settings_say_where_they_came_from_cli_over_env_over_ini",
+        "FTREADY_LLAMA_CPP_SRC": "tests/serving/test_gguf.py::test_gguf_of_a_model_the_converter_knows_passes_and_records",
+        "FTREADY_GGUF_CONVERTER": "tests/serving/test_gguf.py::test_the_converter_is_found_where_the_team_says",
         "FTREADY_ARTIFACTS": "test_settings_say_where_they_came_from_cli_over_env_over_ini",
         "FTREADY_BASELINE": "test_a_k_run_keeps_the_full_figures_as_the_baseline_and_a_doubled_micro_batch_fails",
         "FTREADY_SCALE_ROWS": "tests/benchmarks/test_scale.py::test_data_checks_throughput",
@@ -127,6 +129,10 @@ CONTRACT: dict[str, dict[str, str]] = {
         "[model]": "tests/trainers/test_unsloth.py::test_masking_judges_the_labels_unsloths_train_on_responses_only_makes",
         "python3 -m venv .venv-unsloth":
             "tests/trainers/test_unsloth.py::test_the_unsloth_notebook_template_is_what_step_overfit_resume_and_generate_run",
+        # docs/serving.md: the [serving] table, the llama.cpp extra (CI's serving job installs it)
+        "[serving]": "tests/serving/test_serving_rules.py::test_serving_table_is_read_and_defaults_to_no_engine",
+        'pip install "pytest-ftready[llamacpp]"':
+            "tests/serving/test_gguf.py::test_ci_serving_job_has_llama_cpp_and_the_converter",
         # docs/mlx.md: mlx's CPU backend beside the plugin (.ci/run builds that environment)
         'pip install "mlx[cpu]" "mlx-lm[cpu]" pytest-ftready':
             "tests/trainers/test_mlx.py::test_an_mlx_config_selects_mlx_lm_on_mlxs_cpu_backend",

@@ -75,6 +75,29 @@ def translate(b: Builder) -> None:
     _data(b)
     _finetuning(b)
     _multimodal_template(b)
+    _serving(b)
+
+
+# infer_backend (hparams/model_args.py): the engine `llamafactory-cli chat/api` serves the model with
+SERVING_BACKENDS = {"huggingface": "transformers", "vllm": "vllm"}
+VLLM_MAX_LORA_RANK = 32  # LLaMA-Factory's vllm_max_lora_rank default (hparams/model_args.py), passed to vLLM
+
+
+def _serving(b: Builder) -> None:
+    """infer_backend names the serving engine ([serving] engine); with vllm, vllm_max_lora_rank is
+    the --max-lora-rank LLaMA-Factory starts vLLM with (its default 32)."""
+    backend = b.raw.get("infer_backend")
+    if backend is None:
+        return
+    engine = SERVING_BACKENDS.get(str(backend).lower())
+    if engine is None:
+        b.caveat("infer_backend", f"{backend!r}: no serving check knows this backend; [serving] engine stays unset")
+        return
+    b.put("infer_backend", "serving", "engine", engine)
+    if engine == "vllm":
+        rank = b.raw.get("vllm_max_lora_rank", VLLM_MAX_LORA_RANK)
+        b.put("vllm_max_lora_rank", "serving", "max_lora_rank",
+              b.integer("vllm_max_lora_rank", rank, "a LoRA rank such as 32", low=1))
 
 
 def _multimodal_template(b: Builder) -> None:
