@@ -10,8 +10,10 @@ local model path), and the result goes through the recipe schema's validation.
 ``Recipe.origin`` keeps the translation: which key became which, each key's class, the notes,
 what the side file overrode.
 
-Axolotl, LLaMA-Factory and mlx-lm are never imported (the files are read); TRL's parser is asked when
-TRL is installed, lazily, at import of a TRL config. Imports nothing outside ``recipe``."""
+Where the trainer is installed, its own parser is asked too, lazily, when its config is read
+(TRL's ``TrlParser``, Axolotl's ``validate_config``, LLaMA-Factory's ``HfArgumentParser`` over its
+argument classes, mlx-lm's ``CONFIG_DEFAULTS``); where it is not, the files are read against the
+key tables alone. Imports nothing outside ``recipe``."""
 
 from __future__ import annotations
 
