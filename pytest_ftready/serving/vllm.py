@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,9 +26,20 @@ class Rules:
     refused: dict  # adapter_config key -> vLLM's refusal message
     embedding_modules: tuple[str, ...]
     targets: tuple[str, ...]
-    architectures: tuple[str, ...]
+    architectures: tuple[str, ...]  # LoRA-capable
     sources: dict = field(default_factory=dict)  # rule -> the vLLM file it was read from
     origin: str = "vllm_lora.toml"  # or "vllm <version> (installed)"
+    without_lora: tuple[str, ...] = ()  # served by vLLM, without LoRA
+    # the installed vLLM's own answer for one architecture: True / False (LoRA-capable or not), None (not registered)
+    probe: Callable[[str], bool | None] | None = None
+
+    def lora_support(self, architecture: str) -> bool | None:
+        """True: vLLM serves ``architecture`` with LoRA; False: it serves it without LoRA; None: not in its list."""
+        if self.probe is not None:
+            return self.probe(architecture)
+        if architecture in self.architectures:
+            return True
+        return False if architecture in self.without_lora else None
 
 
 def load_rules() -> Rules:
@@ -37,12 +49,15 @@ def load_rules() -> Rules:
                   refused={k: v for k, v in data["refused"].items() if k != "source"},
                   embedding_modules=tuple(data["embeddings"]["modules"]), targets=tuple(data["targets"]["modules"]),
                   architectures=tuple(data["architectures"]["names"]),
+                  without_lora=tuple(data["architectures"]["without_lora"]),
                   sources={name: table["source"] for name, table in data.items() if "source" in table})
     return installed_rules(rules) if importlib.util.find_spec("vllm") is not None else rules
 
 
 def installed_rules(rules: Rules) -> Rules:
-    """The installed vLLM's default rank, allowed ranks and registered architectures (imported only here)."""
+    """The installed vLLM's default rank, allowed ranks and, per architecture, its model class's own LoRA
+    support (``supports_lora``: the class implements SupportsLoRA; imported only here)."""
+    import dataclasses
     import typing
 
     import vllm
@@ -53,14 +68,29 @@ def installed_rules(rules: Rules) -> Rules:
     if "max_lora_rank" in hints and typing.get_args(hints["max_lora_rank"]):
         allowed = tuple(typing.get_args(hints["max_lora_rank"]))
     default = LoRAConfig.__dataclass_fields__["max_lora_rank"].default
-    try:
-        from vllm.model_executor.models import ModelRegistry
+    return dataclasses.replace(rules, default_rank=default, allowed_ranks=allowed, probe=_installed_probe(rules),
+                               origin=f"vllm {vllm.__version__} (installed)")
 
-        archs = tuple(ModelRegistry.get_supported_archs())
-    except Exception:  # noqa: BLE001 - a registry API of another release: keep the sourced list
-        archs = rules.architectures
-    return Rules(default, allowed, rules.refused, rules.embedding_modules, rules.targets, archs, rules.sources,
-                 f"vllm {vllm.__version__} (installed)")
+
+def _installed_probe(rules: Rules) -> Callable[[str], bool | None]:
+    """The installed vLLM's answer for one architecture; the sourced lists where its registry API differs."""
+    import dataclasses
+
+    sourced = dataclasses.replace(rules, probe=None)
+
+    def probe(architecture: str) -> bool | None:
+        try:
+            from vllm.model_executor.models import ModelRegistry
+            from vllm.model_executor.models.interfaces import supports_lora
+
+            if architecture not in ModelRegistry.get_supported_archs():
+                return None
+            model_cls = ModelRegistry._try_load_model_cls(architecture)
+            return None if model_cls is None else bool(supports_lora(model_cls))
+        except Exception:  # noqa: BLE001 - a registry API of another release: the sourced lists answer
+            return sourced.lora_support(architecture)
+
+    return probe
 
 
 @dataclass(frozen=True)
@@ -120,10 +150,17 @@ def judge_adapter(adapter_dir: Path, rules: Rules, max_lora_rank: int = 0, archi
     unknown = [n for n in names if n not in rules.targets and n not in rules.embedding_modules]
     if unknown:
         found.append(Finding(f"{path}: target module(s) {', '.join(unknown)} are not among the layers vLLM's LoRA "
-                             f"wraps ({', '.join(rules.targets)}; {rules.sources.get('targets')}): their adapters "
-                             "are not applied", "target the attention and MLP projections, or serve the merged model"))
-    if architecture and architecture not in rules.architectures:
-        found.append(Finding(f"the model's architecture {architecture} is not one vLLM serves with LoRA "
+                             f"wraps ({rules.sources.get('targets')}): vLLM refuses the adapter ('While loading "
+                             "<adapter>, expected target modules in [...] but received [...]')",
+                             "target the attention and MLP projections, or serve the merged model"))
+    support = rules.lora_support(architecture) if architecture else True
+    if support is False:
+        found.append(Finding(f"the model's architecture {architecture} is served by vLLM without LoRA "
+                             f"({rules.origin}; {rules.sources.get('architectures')}): it refuses --enable-lora "
+                             "for it", "serve the merged model (merge_and_unload, then save_pretrained)"))
+    elif support is None:
+        found.append(Finding(f"the model's architecture {architecture} is not in vLLM's list of LoRA-capable models "
                              f"({rules.origin}; {rules.sources.get('architectures')})",
-                             "serve the merged model with another engine, or check vLLM's supported-models list"))
+                             "serve the merged model, or install the vLLM you serve with beside the plugin so its "
+                             "own registry is asked (a newer vLLM may serve it)"))
     return found

@@ -4,6 +4,7 @@ serving chat template against the training render, on the real tiny model."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -95,11 +96,40 @@ def test_vllm_refuses_modules_to_save_naming_the_cause_and_the_fix(tmp_path):
 
 
 def test_vllm_embedding_and_unknown_targets_and_architecture(tmp_path):
-    findings = vllm.judge_adapter(_adapter(tmp_path, target_modules=["embed_tokens", "c_attn"]), vllm.load_rules(),
+    findings = vllm.judge_adapter(_adapter(tmp_path, target_modules=["embed_tokens", "norm"]), vllm.load_rules(),
                                   architecture="TinyNetForCausalLM")
     text = " | ".join(map(str, findings))
-    assert "LoRA on embed_tokens" in text and "c_attn are not among the layers" in text
-    assert "TinyNetForCausalLM is not one vLLM serves" in text
+    assert "LoRA on embed_tokens" in text and "norm are not among the layers" in text
+    assert "vLLM refuses the adapter ('While loading <adapter>, expected target modules in" in text
+    assert "TinyNetForCausalLM is not in vLLM's list of LoRA-capable models" in text
+
+
+@pytest.mark.parametrize("architecture, targets", [
+    ("Qwen3_5ForConditionalGeneration", ["q_proj", "in_proj_qkvz", "out_proj"]),  # Qwen 3.5: multimodal class
+    ("MixtralForCausalLM", ["q_proj", "w1", "w2", "w3"]),  # expert layers
+    ("Phi3ForCausalLM", ["qkv_proj", "gate_up_proj"]),
+    ("GptOssForCausalLM", ["q_proj", "o_proj"]),
+    ("Olmo3ForCausalLM", ["q_proj", "down_proj"]),
+])
+def test_vllm_serves_current_families_with_their_own_layer_names(tmp_path, architecture, targets):
+    """The architectures vLLM's supported-models list marks LoRA-capable today (docs at 0046f770)."""
+    assert vllm.judge_adapter(_adapter(tmp_path, target_modules=targets), vllm.load_rules(),
+                              architecture=architecture) == []
+
+
+@pytest.mark.parametrize("architecture", ["GPTNeoXForCausalLM", "GPTJForCausalLM", "FalconForCausalLM"])
+def test_vllm_serves_some_architectures_without_lora(tmp_path, architecture):
+    [finding] = vllm.judge_adapter(_adapter(tmp_path), vllm.load_rules(), architecture=architecture)
+    assert f"{architecture} is served by vLLM without LoRA" in finding.cause and "merged model" in finding.fix
+
+
+def test_an_installed_vllm_is_asked_for_its_own_answer(tmp_path):
+    """Where vLLM is installed its model class's supports_lora answers (here a probe as installed_rules builds)."""
+    rules = dataclasses.replace(vllm.load_rules(), probe=lambda arch: arch == "BrandNewForCausalLM",
+                                origin="vllm 9.9 (installed)")
+    assert vllm.judge_adapter(_adapter(tmp_path), rules, architecture="BrandNewForCausalLM") == []
+    [finding] = vllm.judge_adapter(_adapter(tmp_path), rules, architecture="LlamaForCausalLM")
+    assert "served by vLLM without LoRA (vllm 9.9 (installed)" in finding.cause
 
 
 # ---- checks on the real tiny model ---------------------------------------------------------------
