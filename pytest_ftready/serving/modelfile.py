@@ -8,6 +8,10 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from . import gotemplate
 
 INSTRUCTIONS = ("FROM", "TEMPLATE", "SYSTEM", "PARAMETER", "ADAPTER", "MESSAGE", "LICENSE", "REQUIRES")
 # The Go template's fields a chat template writes messages through ({{ .Prompt }}, {{ range .Messages }})
@@ -94,6 +98,58 @@ def _value(rest: str, lines: list, i: int, path, start: int) -> tuple[str, int]:
 def literal_text(template: str) -> str:
     """The Go template's literal text (its {{ actions }} removed): what it writes around the messages."""
     return GO_ACTION.sub("\n", template)
+
+
+def ollama_prompt(template: "gotemplate.Template", messages: list, system: str | None = None) -> str:
+    """The prompt Ollama's /api/chat builds from ``messages`` with this TEMPLATE (server/routes.go
+    and template/template.go, see tests/serving/ollama/SOURCES.md): the Modelfile's SYSTEM put first
+    when the conversation does not start with a system message; consecutive messages of one role
+    merged with a blank line; a template that mentions ``.Messages`` executed once over them all;
+    a legacy ``.System``/``.Prompt``/``.Response`` template executed once per turn, the last turn cut
+    after ``{{ .Response }}``. Raises :class:`gotemplate.TemplateError`."""
+    from . import gotemplate
+
+    if system and (not messages or messages[0].get("role") != "system"):
+        messages = [{"role": "system", "content": system}, *messages]
+    systems, collated = [], []
+    for message in messages:
+        role, content = str(message.get("role") or ""), str(message.get("content") or "")
+        if role == "system":
+            systems.append(content)
+        if collated and collated[-1]["role"] == role and role != "tool":
+            collated[-1]["content"] += "\n\n" + content
+        else:
+            collated.append({"role": role, "content": content})
+    names = template.identifiers()
+    flags = {"Think": False, "ThinkLevel": "", "IsThinkSet": False}
+    if "messages" in names:
+        return template.execute({
+            "System": "\n\n".join(systems), "Tools": [], "Response": "", **flags,
+            "Messages": [gotemplate.Struct("*template.templateMessage", {
+                "Role": m["role"], "Content": m["content"], "Thinking": "", "Images": [], "ToolCalls": [],
+                "ToolName": "", "ToolCallID": ""}) for m in collated]})
+    nodes = template.nodes if "response" in names else [
+        *template.nodes, gotemplate.Action(gotemplate.Pipe([], False, [gotemplate.Command(
+            [gotemplate.Field(("Response",), "end")], "end")], "end"), "end")]
+    out, turn = [], {"System": "", "Prompt": "", "Response": ""}
+
+    def execute(tree: list) -> None:
+        out.append(gotemplate.Template(template.text, tree).execute({**turn, **flags}))
+        turn.update(System="", Prompt="", Response="")
+
+    for m in collated:
+        if m["role"] == "system":
+            if turn["Prompt"] or turn["Response"]:
+                execute(nodes)
+            turn["System"] = m["content"]
+        elif m["role"] == "user":
+            if turn["Response"]:
+                execute(nodes)
+            turn["Prompt"] = m["content"]
+        elif m["role"] == "assistant":
+            turn["Response"] = m["content"]
+    execute(gotemplate.cut_after(nodes, "Response"))
+    return "".join(out)
 
 
 def judge(modelfile: Modelfile, stop_texts: list[str], training_render: str, specials: list[str]) -> list[str]:
