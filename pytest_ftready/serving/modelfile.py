@@ -152,10 +152,30 @@ def ollama_prompt(template: "gotemplate.Template", messages: list, system: str |
     return "".join(out)
 
 
-def judge(modelfile: Modelfile, stop_texts: list[str], training_render: str, specials: list[str]) -> list[str]:
+NEXT_TURN = "(the next user turn)"
+
+
+def ollama_engine(template: "gotemplate.Template", system: str | None):
+    """``render(messages, add_generation_prompt)`` for :func:`templates.compare`: Ollama's prompt
+    (it always ends as the TEMPLATE writes it). A history ending in an assistant message is
+    rendered as Ollama renders a past turn, followed by a user turn, and cut before that turn's
+    text: Ollama would treat a last assistant message as a reply to continue, not a closed turn."""
+    def render(messages, add_generation_prompt):
+        if add_generation_prompt or not messages or messages[-1].get("role") != "assistant":
+            return ollama_prompt(template, list(messages), system)
+        full = ollama_prompt(template, [*messages, {"role": "user", "content": NEXT_TURN}], system)
+        end = full.rfind(NEXT_TURN)
+        return full[:end] if end >= 0 else full
+
+    return render
+
+
+def judge(modelfile: Modelfile, stop_texts: list[str], training_render: str, specials: list[str],
+          executed: bool = False) -> list[str]:
     """Findings: PARAMETER stop against the trained stop tokens, TEMPLATE's special tokens against
-    those the training render writes, and its end-of-turn token. ``specials``: the tokenizer's
-    special tokens (text)."""
+    those the training render writes (every branch, run or not), and, where the TEMPLATE was not
+    ``executed`` (its turns then judged on its render), its literal end-of-turn token.
+    ``specials``: the tokenizer's special tokens (text)."""
     where = modelfile.path
     found = []
     stops = modelfile.stops
@@ -171,7 +191,7 @@ def judge(modelfile: Modelfile, stop_texts: list[str], training_render: str, spe
             found.append(f"{where}: TEMPLATE writes {', '.join(foreign)}, which the training render never has: "
                          "the served prompts are not the trained ones; write the TEMPLATE in the training chat "
                          "template's format (or remove TEMPLATE so Ollama uses the GGUF's own template)")
-        if stop_texts and not any(s in literal for s in stop_texts) and any(s in training_render for s in stop_texts):
+        if not executed and stop_texts and not any(s in literal for s in stop_texts) and any(s in training_render for s in stop_texts):
             found.append(f"{where}: TEMPLATE closes no turn with the trained end-of-turn token "
                          f"{' or '.join(stop_texts)}: the served history lacks it, unlike training; add it after "
                          "each message as the training template does")
