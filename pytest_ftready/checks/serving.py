@@ -88,8 +88,8 @@ def ollama(ctx) -> None:
         what = f"the Modelfile TEMPLATE (as Ollama executes it{' with its SYSTEM' if parsed.system else ''})"
         try:
             render = modelfile.ollama_engine(gotemplate.Template(parsed.template), parsed.system)
-            result = templates.compare(convs, render, *templates.server_tokenizer(tok), tok.bos_token_id, stops,
-                                       what)
+            tokenize, describe = templates.server_tokenizer(tok)
+            result = templates.compare(convs, render, tokenize, describe, tok.bos_token_id, stops, what)
         except gotemplate.TemplateError as exc:
             problems.append(f"{path}: the TEMPLATE cannot be evaluated (lines counted within its text): {exc}; "
                             "write it with the Go template constructs Ollama's own templates use (range .Messages, "

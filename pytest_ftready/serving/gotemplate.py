@@ -130,6 +130,7 @@ TOKEN = re.compile(r"""
 GO_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'", "a": "\a", "b": "\b",
               "f": "\f", "v": "\v"}
 UNSUPPORTED_KEYWORDS = ("define", "template", "block")
+RIGHT_TRIM = re.compile(r"[ \t\r\n]+-}}")  # " -}}": the action ends and the whitespace after it is trimmed
 
 
 def _where(source: str, offset: int) -> str:
@@ -195,14 +196,12 @@ def _lex(source: str) -> list:
             items.append(_Item(text=text))
         pos = _where(source, start)
         k = j
-        while k < len(source) and source[k] in SPACE:
-            k += 1
-        if source.startswith("/*", k):
+        if source.startswith("/*", k):  # Go: a comment starts right after "{{" or "{{- "
             close = source.find("*/", k + 2)
             if close < 0:
                 raise TemplateError(f"{pos}: a comment {{{{/* is never closed with */}}}}")
             rest = close + 2
-            m = re.compile(r"[ \t\r\n]+-}}").match(source, rest)
+            m = RIGHT_TRIM.match(source, rest)
             if m:
                 i, trim_next = m.end(), True
             elif source.startswith("}}", rest):
@@ -210,11 +209,12 @@ def _lex(source: str) -> list:
             else:
                 raise TemplateError(f"{pos}: a comment must end with */}}}} (or */ -}}}})")
             continue
-        tokens, k = [], j
+        tokens: list = []
+        k = j
         while True:
             if k >= len(source):
                 raise TemplateError(f"{pos}: an action {{{{ ... is never closed with }}}}")
-            trim = re.compile(r"[ \t\r\n]+-}}").match(source, k)
+            trim = RIGHT_TRIM.match(source, k)
             if trim:
                 i, trim_next = trim.end(), True
                 break
@@ -225,7 +225,7 @@ def _lex(source: str) -> list:
             if not m:
                 raise TemplateError(f"{_where(source, k)}: unexpected {source[k]!r} in an action: not part of "
                                     "the Go template subset Ollama's templates use")
-            if m.lastgroup != "space":
+            if m.lastgroup and m.lastgroup != "space":
                 glued = bool(tokens) and tokens[-1].text == ")" and k == tokens[-1].end
                 tokens.append(_Token(m.lastgroup, m.group(), _where(source, k), glued, m.end()))
             k = m.end()
@@ -241,12 +241,12 @@ class _Parser:
         self.loops = 0
 
     def parse(self) -> list:
-        nodes, stop = self.list()
+        nodes, stop = self.nodes_until_else_or_end()
         if stop is not None:
             raise TemplateError(f"{stop.pos}: unexpected {{{{{stop.tokens[0].text}}}}} with no if/range/with open")
         return nodes
 
-    def list(self):
+    def nodes_until_else_or_end(self):
         """Nodes up to an ``else`` or ``end`` item (returned, not consumed into a node) or the end."""
         nodes: list = []
         while self.at < len(self.items):
@@ -281,7 +281,7 @@ class _Parser:
             raise TemplateError(f"{pos}: {{{{{kind}}}}} with no pipeline")
         pipe = self.pipe(tokens, pos, decl_ok=True, range_decl=kind == "range")
         self.loops += kind == "range"
-        body, stop = self.list()
+        body, stop = self.nodes_until_else_or_end()
         self.loops -= kind == "range"
         if stop is None:
             raise TemplateError(f"{pos}: {{{{{kind}}}}} is never closed with {{{{end}}}}")
@@ -294,7 +294,7 @@ class _Parser:
                 return Branch(kind, pipe, body, [inner], pos)
             if rest:
                 raise TemplateError(f"{stop.pos}: unexpected {rest[0].text!r} after else")
-            orelse, stop = self.list()
+            orelse, stop = self.nodes_until_else_or_end()
             if stop is None or stop.tokens[0].text != "end":
                 raise TemplateError(f"{pos}: {{{{{kind}}}}} ... {{{{else}}}} is never closed with {{{{end}}}}")
         if len(stop.tokens) > 1:
@@ -314,7 +314,9 @@ class _Parser:
                 decl, tokens = names, tokens[k + 1:]
                 if not tokens:
                     raise TemplateError(f"{pos}: missing value for {' '.join(names)}")
-        cmds, cmd_tokens, depth = [], [], 0
+        cmds: list = []
+        cmd_tokens: list = []
+        depth = 0
         for token in tokens:
             if token.text == "(":
                 depth += 1
@@ -597,6 +599,8 @@ def _slice(pos: str, value, *bounds):
         raise TemplateError(f"{pos}: slice: can't slice item of type {_type(value)}")
     if len(bounds) > 2:
         raise TemplateError(f"{pos}: slice: three-index slices are not supported")
+    if any(not isinstance(b, int) or isinstance(b, bool) for b in bounds):
+        raise TemplateError(f"{pos}: slice: the indexes must be integers")
     items = value.encode("utf-8") if isinstance(value, str) else value
     start = bounds[0] if bounds else 0
     stop = bounds[1] if len(bounds) > 1 else len(items)
@@ -739,7 +743,7 @@ class Template:
         head, rest = cmd.args[0], cmd.args[1:]
         if isinstance(head, Identifier):
             if head.name in ("and", "or"):
-                args = [*rest, *(Literal(piped[0], head.pos) for _ in piped or [])]
+                args = [*rest, *(Literal(value, head.pos) for value in piped or [])]
                 if not args:
                     raise TemplateError(f"{head.pos}: {head.name} needs at least one argument")
                 value = None

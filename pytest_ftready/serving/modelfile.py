@@ -111,7 +111,8 @@ def ollama_prompt(template: "gotemplate.Template", messages: list, system: str |
 
     if system and (not messages or messages[0].get("role") != "system"):
         messages = [{"role": "system", "content": system}, *messages]
-    systems, collated = [], []
+    systems: list = []
+    collated: list = []
     for message in messages:
         role, content = str(message.get("role") or ""), str(message.get("content") or "")
         if role == "system":
@@ -191,7 +192,8 @@ def judge(modelfile: Modelfile, stop_texts: list[str], training_render: str, spe
             found.append(f"{where}: TEMPLATE writes {', '.join(foreign)}, which the training render never has: "
                          "the served prompts are not the trained ones; write the TEMPLATE in the training chat "
                          "template's format (or remove TEMPLATE so Ollama uses the GGUF's own template)")
-        if not executed and stop_texts and not any(s in literal for s in stop_texts) and any(s in training_render for s in stop_texts):
+        if (not executed and stop_texts and not any(s in literal for s in stop_texts)
+                and any(s in training_render for s in stop_texts)):
             found.append(f"{where}: TEMPLATE closes no turn with the trained end-of-turn token "
                          f"{' or '.join(stop_texts)}: the served history lacks it, unlike training; add it after "
                          "each message as the training template does")
