@@ -85,9 +85,10 @@ def ollama(ctx) -> None:
     problems: list = []
     executed = False
     if parsed.template is not None:
-        what = f"the Modelfile TEMPLATE (as Ollama executes it{' with its SYSTEM' if parsed.system else ''})"
+        extras = [w for w, given in (("its SYSTEM", parsed.system), ("its MESSAGE history", parsed.messages)) if given]
+        what = f"the Modelfile TEMPLATE (as Ollama executes it{' with ' + ' and '.join(extras) if extras else ''})"
         try:
-            render = modelfile.ollama_engine(gotemplate.Template(parsed.template), parsed.system)
+            render = modelfile.ollama_engine(gotemplate.Template(parsed.template), parsed)
             tokenize, describe = templates.server_tokenizer(tok)
             result = templates.compare(convs, render, tokenize, describe, tok.bos_token_id, stops, what)
         except gotemplate.TemplateError as exc:

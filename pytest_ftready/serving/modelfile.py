@@ -8,7 +8,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
     from . import gotemplate
@@ -30,6 +30,7 @@ class Modelfile:
     system: str | None = None
     parameters: dict = field(default_factory=dict)  # name -> [values] (stop repeats)
     adapters: list = field(default_factory=list)
+    messages: list = field(default_factory=list)  # MESSAGE <role> <content>: put before every conversation
 
     @property
     def stops(self) -> list[str]:
@@ -53,6 +54,14 @@ def parse(path: Path) -> Modelfile:
             raise ModelfileError(f"{path}:{start}: unknown instruction {word!r}; Ollama reads "
                                  f"{', '.join(INSTRUCTIONS)}")
         rest = rest.strip()
+        if name == "MESSAGE":
+            role, _, value = rest.partition(" ")
+            if role.lower() not in ("system", "user", "assistant"):
+                raise ModelfileError(f"{path}:{start}: MESSAGE role {role!r}; Ollama takes system, user or assistant "
+                                     "(MESSAGE user Is the sky blue?)")
+            value, i = _value(value.strip(), lines, i, path, start)
+            out.messages.append({"role": role.lower(), "content": value})
+            continue
         if name == "PARAMETER":
             key, _, value = rest.partition(" ")
             value, i = _value(value.strip(), lines, i, path, start)
@@ -100,16 +109,20 @@ def literal_text(template: str) -> str:
     return GO_ACTION.sub("\n", template)
 
 
-def ollama_prompt(template: "gotemplate.Template", messages: list, system: str | None = None) -> str:
+def ollama_prompt(template: "gotemplate.Template", messages: list, system: str | None = None,
+                  history: Sequence[dict] = ()) -> str:
     """The prompt Ollama's /api/chat builds from ``messages`` with this TEMPLATE (server/routes.go
-    and template/template.go, see tests/serving/ollama/SOURCES.md): the Modelfile's SYSTEM put first
-    when the conversation does not start with a system message; consecutive messages of one role
+    and template/template.go, see tests/serving/ollama/SOURCES.md): the Modelfile's MESSAGE
+    ``history`` put before them, and its SYSTEM first of all when the conversation does not start
+    with a system message; consecutive messages of one role
     merged with a blank line; a template that mentions ``.Messages`` executed once over them all;
     a legacy ``.System``/``.Prompt``/``.Response`` template executed once per turn, the last turn cut
     after ``{{ .Response }}``. Raises :class:`gotemplate.TemplateError`."""
     from . import gotemplate
 
-    if system and (not messages or messages[0].get("role") != "system"):
+    first_is_system = bool(messages) and messages[0].get("role") == "system"
+    messages = [*history, *messages]
+    if system and not first_is_system:
         messages = [{"role": "system", "content": system}, *messages]
     systems: list = []
     collated: list = []
@@ -156,15 +169,16 @@ def ollama_prompt(template: "gotemplate.Template", messages: list, system: str |
 NEXT_TURN = "(the next user turn)"
 
 
-def ollama_engine(template: "gotemplate.Template", system: str | None):
+def ollama_engine(template: "gotemplate.Template", modelfile: Modelfile):
     """``render(messages, add_generation_prompt)`` for :func:`templates.compare`: Ollama's prompt
-    (it always ends as the TEMPLATE writes it). A history ending in an assistant message is
+    with the Modelfile's SYSTEM and MESSAGE history (it always ends as the TEMPLATE writes it). A history ending in an assistant message is
     rendered as Ollama renders a past turn, followed by a user turn, and cut before that turn's
     text: Ollama would treat a last assistant message as a reply to continue, not a closed turn."""
     def render(messages, add_generation_prompt):
         if add_generation_prompt or not messages or messages[-1].get("role") != "assistant":
-            return ollama_prompt(template, list(messages), system)
-        full = ollama_prompt(template, [*messages, {"role": "user", "content": NEXT_TURN}], system)
+            return ollama_prompt(template, list(messages), modelfile.system, modelfile.messages)
+        full = ollama_prompt(template, [*messages, {"role": "user", "content": NEXT_TURN}], modelfile.system,
+                             modelfile.messages)
         end = full.rfind(NEXT_TURN)
         return full[:end] if end >= 0 else full
 

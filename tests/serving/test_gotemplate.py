@@ -135,9 +135,14 @@ def test_modelfile_system_goes_first_unless_the_conversation_has_one_and_same_ro
     assert got == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello, how are you?\n\nMore."
                    "<|im_end|>\n<|im_start|>assistant\n")
     assert "Be brief." not in modelfile.ollama_prompt(chatml, [SYSTEM, HELLO], system="Be brief.")
+    # MESSAGE history goes before the conversation, SYSTEM before both
+    assert modelfile.ollama_prompt(Template("{{ range .Messages }}{{ .Role }}:{{ .Content }};{{ end }}"), [HELLO],
+                                   system="B", history=[{"role": "user", "content": "hi"}, GREAT]) == (
+        f"system:B;user:hi;assistant:{GREAT['content']};user:{HELLO['content']};")
 
 
 def test_a_past_assistant_turn_is_rendered_closed_for_the_end_of_turn_judgement():
-    render = modelfile.ollama_engine(Template((OLLAMA / "chatml.gotmpl").read_text(encoding="utf-8")), None)
+    render = modelfile.ollama_engine(Template((OLLAMA / "chatml.gotmpl").read_text(encoding="utf-8")),
+                                     modelfile.Modelfile(Path("Modelfile")))
     assert render([HELLO, GREAT], False).endswith(GREAT["content"] + "<|im_end|>\n<|im_start|>user\n")
     assert render([HELLO], True).endswith("<|im_start|>assistant\n")

@@ -58,6 +58,12 @@ def test_modelfile_is_read_as_ollama_reads_it(tmp_path):
     assert parsed.base == "./tuned.gguf" and parsed.system == "Be brief.\nVery."
     assert parsed.stops == ["<|im_end|>", "<|im_start|>"] and parsed.parameters["temperature"] == ["0"]
     assert parsed.template.startswith("{{ if .System }}") and parsed.template.endswith("assistant\n")
+    path.write_text('FROM x\nMESSAGE user """Is it blue?"""\nmessage assistant Yes.\n')
+    assert modelfile.parse(path).messages == [{"role": "user", "content": "Is it blue?"},
+                                              {"role": "assistant", "content": "Yes."}]
+    path.write_text('FROM x\nMESSAGE tool {}\n')
+    with pytest.raises(modelfile.ModelfileError, match=r"Modelfile:2: MESSAGE role 'tool'; Ollama takes system, user"):
+        modelfile.parse(path)
     assert "{{" not in modelfile.literal_text(parsed.template)
     path.write_text("FROM x\nSTOP now\n")
     with pytest.raises(modelfile.ModelfileError, match=r"Modelfile:2: unknown instruction 'STOP'"):
