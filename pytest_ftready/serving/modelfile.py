@@ -171,9 +171,10 @@ NEXT_TURN = "(the next user turn)"
 
 def ollama_engine(template: "gotemplate.Template", modelfile: Modelfile):
     """``render(messages, add_generation_prompt)`` for :func:`templates.compare`: Ollama's prompt
-    with the Modelfile's SYSTEM and MESSAGE history (it always ends as the TEMPLATE writes it). A history ending in an assistant message is
-    rendered as Ollama renders a past turn, followed by a user turn, and cut before that turn's
-    text: Ollama would treat a last assistant message as a reply to continue, not a closed turn."""
+    with the Modelfile's SYSTEM and MESSAGE history (it always ends as the TEMPLATE writes it). A
+    history ending in an assistant message is rendered as Ollama renders a past turn, followed by a
+    user turn, and cut before that turn's text: Ollama would treat a last assistant message as a
+    reply to continue, not a closed turn."""
     def render(messages, add_generation_prompt):
         if add_generation_prompt or not messages or messages[-1].get("role") != "assistant":
             return ollama_prompt(template, list(messages), modelfile.system, modelfile.messages)
