@@ -554,6 +554,10 @@ def _eq(pos: str, first, *others) -> bool:
         raise TemplateError(f"{pos}: eq: missing argument for comparison")
     kind = _basic(first, pos, "eq")
     for other in others:
+        if first is None or other is None:  # Go compares nil with anything, without an error
+            if first is other:
+                return True
+            continue
         if _basic(other, pos, "eq") != kind:
             raise TemplateError(f"{pos}: eq: incompatible types for comparison ({_type(first)} and {_type(other)})")
         if first == other:

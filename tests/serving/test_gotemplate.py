@@ -70,6 +70,7 @@ MESSAGES = [_message("system", "S"), _message("user", "U"), _message("assistant"
     ('{{ .Messages | len }} {{ "x" | printf "%s-%s" "y" }} {{ (index .Messages 1).Role }}',
      {"Messages": MESSAGES}, "4 y-x user"),
     # and/or return the deciding operand; not; comparisons
+    ('{{ eq .Missing "x" }} {{ eq .Missing nil }} {{ ne .Missing "" }}', {}, "false true true"),
     ('{{ or "" "d" }} {{ and 1 0 }} {{ and 1 2 }} {{ not .Tools }} {{ lt 1 2 }} {{ ge "b" "a" }} {{ ne 1 1 }} '
      '{{ eq .Role "a" "b" "c" }}', {"Tools": [], "Role": "c"}, "d 0 2 true true true false true"),
     # print adds a space between operands when neither is a string; printf's common verbs
