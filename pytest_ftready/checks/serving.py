@@ -59,9 +59,10 @@ def serving_template(ctx) -> None:
 
 @check("lifecycle.ollama", stage=STAGE + 1, requires=("data.masking",), applies=serves_with("ollama"))
 def ollama(ctx) -> None:
-    """An Ollama Modelfile's TEMPLATE, SYSTEM and PARAMETER stop held against the training render
-    and the trained stop token."""
-    from ..serving import modelfile, templates
+    """An Ollama Modelfile's TEMPLATE executed as Ollama executes it (with its SYSTEM) on each
+    sampled training prompt, tokenized and held against the trained ids; PARAMETER stop against the
+    trained stop token; TEMPLATE's special tokens against the training render's."""
+    from ..serving import gotemplate, modelfile, templates
 
     path = ctx.recipe.serving.modelfile
     if not path:
@@ -72,7 +73,7 @@ def ollama(ctx) -> None:
         raise Fail(str(exc)) from None
     state = ctx.state
     tok = state.tokenizer
-    convs = templates.conversations(state, 1)
+    convs = templates.conversations(state, SAMPLED)
     if not convs:
         raise Skip("no sampled chat conversation to hold the Modelfile against")
     conv = convs[0]
@@ -81,8 +82,26 @@ def ollama(ctx) -> None:
     ctx.measure("modelfile_stops", len(parsed.stops), "stops")
     ctx.suite_property("ollama_template", "Modelfile TEMPLATE" if parsed.template is not None
                        else "the GGUF's own template (no TEMPLATE)")
-    _fail_all(modelfile.judge(parsed, stops, rendered, list(tok.all_special_tokens)),
-              "the Modelfile does not serve the trained model as trained")
+    problems: list = []
+    executed = False
+    if parsed.template is not None:
+        extras = [w for w, given in (("its SYSTEM", parsed.system), ("its MESSAGE history", parsed.messages)) if given]
+        what = f"the Modelfile TEMPLATE (as Ollama executes it{' with ' + ' and '.join(extras) if extras else ''})"
+        try:
+            render = modelfile.ollama_engine(gotemplate.Template(parsed.template), parsed)
+            tokenize, describe = templates.server_tokenizer(tok)
+            result = templates.compare(convs, render, tokenize, describe, tok.bos_token_id, stops, what)
+        except gotemplate.TemplateError as exc:
+            problems.append(f"{path}: the TEMPLATE cannot be evaluated (lines counted within its text): {exc}; "
+                            "write it with the Go template constructs Ollama's own templates use (range .Messages, "
+                            "if/else, eq ...)")
+        else:
+            executed = True
+            ctx.measure("ollama_prompts", result.prompts, "prompts")
+            ctx.measure("ollama_prompt_token_agreement", result.agreeing, "prompts")
+            problems += result.problems
+    problems = modelfile.judge(parsed, stops, rendered, list(tok.all_special_tokens), executed) + problems
+    _fail_all(problems, "the Modelfile does not serve the trained model as trained")
 
 
 @check("lifecycle.vllm_adapter", stage=STAGE + 2, requires=("model.overfit",), applies=serves_with("vllm"))

@@ -97,10 +97,17 @@ def transformers_engine(tok, template: str):
         return tok.apply_chat_template(list(messages), chat_template=template, tokenize=False,
                                        add_generation_prompt=add_generation_prompt)
 
+    return (render, *server_tokenizer(tok))
+
+
+def server_tokenizer(tok):
+    """(tokenize, describe) of a server that tokenizes a rendered prompt with this tokenizer:
+    special tokens written in the text parsed as special (as llama.cpp and Ollama do), the
+    tokenizer's own special tokens (BOS where it adds one) added."""
     def tokenize(text):
         return list(tok(text, add_special_tokens=True)["input_ids"])
 
-    return render, tokenize, tok.decode
+    return tokenize, tok.decode
 
 
 def stop_texts(tok, stop_ids) -> list[str]:

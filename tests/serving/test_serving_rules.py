@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -58,6 +59,12 @@ def test_modelfile_is_read_as_ollama_reads_it(tmp_path):
     assert parsed.base == "./tuned.gguf" and parsed.system == "Be brief.\nVery."
     assert parsed.stops == ["<|im_end|>", "<|im_start|>"] and parsed.parameters["temperature"] == ["0"]
     assert parsed.template.startswith("{{ if .System }}") and parsed.template.endswith("assistant\n")
+    path.write_text('FROM x\nMESSAGE user """Is it blue?"""\nmessage assistant Yes.\n')
+    assert modelfile.parse(path).messages == [{"role": "user", "content": "Is it blue?"},
+                                              {"role": "assistant", "content": "Yes."}]
+    path.write_text('FROM x\nMESSAGE tool {}\n')
+    with pytest.raises(modelfile.ModelfileError, match=r"Modelfile:2: MESSAGE role 'tool'; Ollama takes system, user"):
+        modelfile.parse(path)
     assert "{{" not in modelfile.literal_text(parsed.template)
     path.write_text("FROM x\nSTOP now\n")
     with pytest.raises(modelfile.ModelfileError, match=r"Modelfile:2: unknown instruction 'STOP'"):
@@ -154,9 +161,7 @@ def test_ollama_stop_that_is_not_the_trained_stop_token_fails_naming_it(tiny_exa
         run_check(state, "lifecycle.ollama")
     assert "PARAMETER stop '</s>' is not the trained end-of-turn token <|im_end|>" in str(info.value)
     assert 'write PARAMETER stop "<|im_end|>"' in str(info.value)
-    (tiny_example / "Modelfile").write_text('FROM ./tiny.gguf\nTEMPLATE """<|im_start|>user\n{{ .Prompt }}<|im_end|>\n'
-                                            '<|im_start|>assistant\n{{ .Response }}<|im_end|>\n"""\n'
-                                            "PARAMETER stop <|im_end|>\n")
+    _write_modelfile(tiny_example, CHATML)
     assert values(run_check(make_state(), "lifecycle.ollama"))["modelfile_stops"] == 1
 
 
@@ -235,3 +240,64 @@ def test_llamafactory_infer_backend_fills_the_serving_table(tmp_path):
     assert load_recipe(tmp_path / "lf.yaml").serving.engine == "transformers"
     (tmp_path / "lf.yaml").write_text(base)
     assert load_recipe(tmp_path / "lf.yaml").serving.engine == "none"
+
+
+# ---- lifecycle.ollama executes the Modelfile's TEMPLATE as Ollama does ----------------------------
+OLLAMA = Path(__file__).parent / "ollama"  # Ollama's own templates (SOURCES.md)
+# the tiny model's training template writes {{ bos_token }} (<s>) itself and its tokenizer adds none
+CHATML = "<s>" + (OLLAMA / "chatml.gotmpl").read_text(encoding="utf-8")
+
+
+def _write_modelfile(tiny_example, template: str, extra: str = "PARAMETER stop <|im_end|>\n") -> None:
+    (tiny_example / "Modelfile").write_text(f'FROM ./tiny.gguf\nTEMPLATE """{template}"""\n{extra}', encoding="utf-8")
+
+
+def _ollama(tiny_example, template: str, extra: str = "PARAMETER stop <|im_end|>\n") -> None:
+    _write_modelfile(tiny_example, template, extra)
+    _serving(tiny_example, 'engine = "ollama"\nmodelfile = "Modelfile"')
+
+
+def _ollama_fails(tiny_example, make_state, run_check, template: str, extra: str = "PARAMETER stop <|im_end|>\n"):
+    _ollama(tiny_example, template, extra)
+    with pytest.raises(Fail) as info:
+        run_check(make_state(), "lifecycle.ollama")
+    return str(info.value)
+
+
+def test_ollama_chatml_template_matching_the_training_render_agrees_on_every_prompt(tiny_example, make_state,
+                                                                                    run_check):
+    _ollama(tiny_example, CHATML)
+    got = values(run_check(make_state(), "lifecycle.ollama"))
+    assert got["ollama_prompts"] == got["ollama_prompt_token_agreement"] > 1
+
+
+def test_ollama_template_missing_the_newline_after_the_assistant_header_fails_naming_it(tiny_example, make_state,
+                                                                                       run_check):
+    said = _ollama_fails(tiny_example, make_state, run_check, CHATML.replace("}}<|im_start|>assistant\n",
+                                                                             "}}<|im_start|>assistant"))
+    assert "the Modelfile TEMPLATE (as Ollama executes it) renders the inference prompt to" in said
+    assert "first difference at token" in said and "served '', trained '\\n'" in said
+
+
+def test_ollama_template_dropping_the_system_message_fails_naming_it(tiny_example, make_state, run_check):
+    said = _ollama_fails(tiny_example, make_state, run_check, CHATML.replace(
+        "{{- range .Messages }}", '{{- range .Messages }}{{- if eq .Role "system" }}{{ continue }}{{ end }}'))
+    assert "train.jsonl:1:" in said and "first difference at token 2: served 'user\\n', trained 'syst'" in said
+
+
+def test_ollama_llama3_template_on_a_chatml_model_fails_naming_the_first_token(tiny_example, make_state, run_check):
+    said = _ollama_fails(tiny_example, make_state, run_check, "<s>" + (OLLAMA / "llama3-instruct.gotmpl").read_text())
+    assert "first difference at token 1: served '<|start_header_id|>" in said and "trained '<|im_start|>" in said
+
+
+def test_ollama_system_is_put_first_where_the_conversation_has_none(tiny_example, make_state, run_check):
+    said = _ollama_fails(tiny_example, make_state, run_check, CHATML,
+                         'SYSTEM "Be brief."\nPARAMETER stop <|im_end|>\n')
+    assert "the Modelfile TEMPLATE (as Ollama executes it with its SYSTEM)" in said
+    assert "train.jsonl:2:" in said and "first difference at token 2: served 'syst', trained 'user\\n'" in said
+
+
+def test_ollama_template_that_cannot_be_evaluated_fails_never_passes(tiny_example, make_state, run_check):
+    said = _ollama_fails(tiny_example, make_state, run_check, CHATML + '{{ template "tools" . }}')
+    assert "the TEMPLATE cannot be evaluated (lines counted within its text): line 4, column 1: {{template}} " \
+        "(named templates) is not supported" in said
