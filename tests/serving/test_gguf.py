@@ -55,9 +55,11 @@ def _on_model(tiny_example, model: Path) -> None:
 
 
 @needs_llama_cpp
-def test_gguf_of_a_model_the_converter_knows_passes_and_records(tiny_example, known_model, make_state, run_check):
+@pytest.mark.parametrize("quantization", ["Q8_0", "Q4_K_M"])
+def test_gguf_of_a_model_the_converter_knows_passes_and_records(tiny_example, known_model, make_state, run_check,
+                                                                quantization):
     _on_model(tiny_example, known_model)
-    _serving(tiny_example, 'engine = "llama.cpp"\nquantization = "Q8_0"')
+    _serving(tiny_example, f'engine = "llama.cpp"\nquantization = "{quantization}"')
     state = make_state()
     ctx = run_check(state, "lifecycle.gguf")
     got = values(ctx)
