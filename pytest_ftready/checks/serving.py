@@ -210,3 +210,48 @@ def gguf(ctx) -> None:
         ctx.measure("greedy_match_quantized", gguf.matching_prefix(got_q, expected), "tokens")
         ctx.suite_property("gguf_quantization", kind)
     _fail_all(problems, "the GGUF llama.cpp serves is not the trained model as trained")
+
+
+@check("lifecycle.merged_model", stage=STAGE + 4, requires=("model.overfit",),
+       applies=serves_with("transformers", "vllm", "llama.cpp", "ollama", "mlx"))
+def merged_model(ctx) -> None:
+    """An adapter trained on a quantized base, merged the way [serving] merge_into declares, held
+    against the adapter model (the quantized base as trained + adapter): greedy output, teacher-forced
+    argmax and logits, for all three ways; the remedy offered is a way measured to agree."""
+    from ..serving import merge
+
+    recipe = ctx.recipe
+    if recipe.adapter.method != "lora":
+        raise Skip("a full fine-tune: there is no adapter to merge (lifecycle.generate holds the saved model "
+                   "against the trained one)")
+    if recipe.model.quantization == "none":
+        raise Skip("the base is not quantized: lifecycle.generate holds the merged model against the trained one")
+    if recipe.serving.engine == "vllm" and not recipe.serving.merge_into:
+        raise Skip("vLLM serves the adapter on the base, unmerged (lifecycle.vllm_adapter); set [serving] "
+                   "merge_into to check a merged model served instead")
+    state = ctx.state
+    run, tok = state.overfit, state.tokenizer
+    declared = merge.declared_way(recipe)
+    ctx.suite_property("merge_into", declared)
+    result = merge.measure(recipe, run.adapter_dir, run.prompt_ids, run.greedy_ids, state.encoder.stop_ids,
+                           tok.pad_token_id, ctx.torch_device())
+    ctx.measure("adapter_greedy_tokens", len(result.adapter_ids), "tokens")
+    for way, measured in result.ways.items():
+        ctx.measure(f"merged_{way}_greedy_match", measured.greedy_match, "tokens")
+        ctx.measure(f"merged_{way}_argmax_agreement", measured.argmax_agreement, "share")
+        ctx.measure(f"merged_{way}_max_logit_difference", measured.max_logit_difference, "")
+    got = result.ways[declared]
+    if got.agrees(result.adapter_ids):
+        return
+    at = got.greedy_match
+    agreeing = [way for way in result.agreeing() if way != declared]
+    remedy = ("; ".join(f"{merge.HOW[way]}: set [serving] merge_into = \"{way}\"" for way in agreeing)
+              if agreeing else "none of the three merges generates what the adapter model does: serve the adapter "
+              "on the quantized base unmerged")
+    written = f"\"{recipe.serving.merge_into}\"" + ("" if recipe.serving.merge_into else ", read as original")
+    raise Fail(f"the model merged as declared ({merge.HOW[declared]}; [serving] merge_into = {written}) is not "
+               f"the trained one: at token {at} of {len(result.adapter_ids)} "
+               f"it generates {tok.decode(list(got.greedy_ids[at:at + 1]))!r} where the adapter on the "
+               f"{recipe.model.quantization} base generates {tok.decode(list(result.adapter_ids[at:at + 1]))!r} "
+               f"(teacher-forced argmax agreement {got.argmax_agreement:.2f}, max |logit difference| "
+               f"{got.max_logit_difference:.3g}): {merge.CAUSE[declared]}. Remedy: {remedy}")

@@ -22,9 +22,25 @@ RESIZED_REMEDY = ("keep embed_tokens and lm_head in the adapter's modules_to_sav
                   "(model.resize_token_embeddings({rows}) before PeftModel.from_pretrained)")
 
 
-def adapter_on_original_base(recipe, adapter_dir, used_ids, torch_device: str):
+def merge_base(recipe, way: str, torch_device: str):
+    """The base a merge ``way`` folds the adapter into: "quantized", the base as trained (bitsandbytes
+    4-bit/8-bit where the recipe quantizes it); "dequantized", that base's quantized weights turned
+    back into [model] dtype (transformers' ``dequantize()``); "original", the checkpoint loaded
+    unquantized in [model] dtype."""
+    from .loading import load_model
+
+    if way == "original" and recipe.model.quantization != "none":
+        return load_model(recipe, torch_device, quantization_config=None)
+    base = load_model(recipe, torch_device)
+    if way == "dequantized" and recipe.model.quantization != "none":
+        base = base.dequantize()
+    return base
+
+
+def adapter_on_original_base(recipe, adapter_dir, used_ids, torch_device: str, way: str = "quantized"):
     """The saved adapter loaded onto a fresh load of the original base from disk (never the in-memory
-    model a trainer may have resized), as a team serving it loads it. Fail, with the remedy, when the
+    model a trainer may have resized), as a team serving it loads it; ``way`` names which base
+    (``merge_base``: by default the base as trained). Fail, with the remedy, when the
     adapter was trained on a resized vocabulary: its embedding rows do not fit the base (a size
     mismatch), or the token ids the trained model used (``used_ids``) have no row in the base."""
     from pathlib import Path
@@ -32,11 +48,10 @@ def adapter_on_original_base(recipe, adapter_dir, used_ids, torch_device: str):
     from peft import PeftModel
 
     from ..outcomes import Fail
-    from .loading import load_model
     from .token_rows import vocabulary_rows
     from .trainable import peft_quiet
 
-    base = load_model(recipe, torch_device)
+    base = merge_base(recipe, way, torch_device)
     rows = base.get_input_embeddings().weight.shape[0]
     saved = Path(adapter_dir) / "adapter_model.safetensors"
     adapter_rows = max(vocabulary_rows(saved).values(), default=rows) if saved.is_file() else rows
@@ -62,11 +77,21 @@ def adapter_on_original_base(recipe, adapter_dir, used_ids, torch_device: str):
                    "from a model of another shape: train and serve the adapter on the same base") from None
 
 
+def merged(peft_model):
+    """The adapter folded into its base's weights (peft's ``merge_and_unload``). On a bitsandbytes base
+    peft warns that re-quantizing rounds the delta: ``serving.merge`` measures that instead."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Merge lora module to (4|8)-bit linear.*", category=UserWarning)
+        return peft_model.merge_and_unload()
+
+
 def merge_and_save(peft_model, folder) -> None:
     """The merged artifact: adapter folded into the base weights."""
     from ..files import ensure_private_dir, make_private
 
-    peft_model.merge_and_unload().save_pretrained(ensure_private_dir(folder))
+    merged(peft_model).save_pretrained(ensure_private_dir(folder))
     make_private(folder)
 
 
@@ -74,7 +99,9 @@ def reloaded_outputs(recipe, adapter_dir, prompt_ids, stop_ids, pad_id: int, tor
                      merge=None, trained_ids=()) -> dict[str, list[int]]:
     """Greedy outputs of the saved artifact loaded afresh: the adapter on a fresh load of the original
     base (``adapter_on_original_base``: ``trained_ids``, what the trained model generated, must have
-    rows there too) and the merged model (LoRA), or the saved full model."""
+    rows there too) and the merged model (LoRA), or the saved full model. On a quantized base the merge
+    goes into the dequantized base, the merged artifact that is the trained model (lifecycle.merged_model
+    judges the other ways)."""
     from transformers import AutoModelForCausalLM
 
     from ..outcomes import Fail
@@ -87,6 +114,11 @@ def reloaded_outputs(recipe, adapter_dir, prompt_ids, stop_ids, pad_id: int, tor
     if recipe.adapter.method == "lora":
         loaded = adapter_on_original_base(recipe, adapter_dir, [*prompt_ids, *trained_ids], torch_device)
         outputs["adapter"] = greedy(loaded, prompt_ids, n, stop_ids, pad_id, torch_device)
+        if recipe.model.quantization != "none":
+            del loaded
+            free_device_memory(torch_device)
+            loaded = adapter_on_original_base(recipe, adapter_dir, [*prompt_ids, *trained_ids], torch_device,
+                                              "dequantized")
         try:
             merge(loaded, merged_dir)
         except (ValueError, RuntimeError, OSError) as exc:

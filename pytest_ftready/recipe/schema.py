@@ -84,6 +84,7 @@ CHAT_FORMATS = ("messages", "sharegpt", "alpaca")  # layouts always rendered thr
 FORMATS = ("auto", *CHAT_FORMATS, "prompt_completion", "text")
 SERVING_ENGINES = ("none", "transformers", "llama.cpp", "ollama", "vllm", "mlx")
 GGUF_ENGINES = ("llama.cpp", "ollama")
+MERGE_WAYS = ("original", "dequantized", "quantized")  # [serving] merge_into (serving/merge.py)
 # llama.cpp's quantization types (tools/quantize/quantize.cpp QUANT_OPTIONS, the common ones), as
 # llama-quantize names them
 GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0", "Q4_K_M", "Q4_K_S", "Q4_1",
@@ -265,6 +266,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
                             most=1 << 16),
         "converter": _k("path", "", "llama.cpp's convert_hf_to_gguf.py (else $FTREADY_GGUF_CONVERTER, or the "
                         "llama-cpp-python source distribution found by lifecycle.gguf)", must_exist=True),
+        "merge_into": _k("choice", "", "which base a LoRA adapter trained on a quantized base is merged into: "
+                         "original (the checkpoint loaded unquantized: Axolotl merge_lora, LLaMA-Factory export), "
+                         "dequantized (the quantized base dequantize()d: Unsloth merged_16bit) or quantized (peft "
+                         "merge_and_unload on the 4-bit/8-bit base: Unsloth merged_4bit_forced); \"\" = original, "
+                         "or the adapter served unmerged for vllm", choices=("", *MERGE_WAYS)),
     },
     # Multi-GPU readiness (checks/distributed.py, issue 17): the checks apply to recipes with this table.
     "distributed": {
@@ -413,7 +419,8 @@ class _Parser:
             if raw not in key.choices:
                 hint = difflib.get_close_matches(str(raw), key.choices, n=1, cutoff=0.5)
                 extra = f"; did you mean {hint[0]!r}?" if hint else ""
-                raise self.fail(where, f"expected one of {', '.join(key.choices)}, got {_describe(raw)}{extra}")
+                shown = ", ".join(c or '""' for c in key.choices)
+                raise self.fail(where, f"expected one of {shown}, got {_describe(raw)}{extra}")
             return raw
         if kind == "strs":
             if not isinstance(raw, list) or not all(isinstance(v, str) for v in raw):
@@ -696,8 +703,8 @@ def _serving_checks(parser: _Parser, serving: PRecord) -> None:
     if serving.max_lora_rank and engine != "vllm":
         raise parser.fail("[serving] max_lora_rank", f"is vLLM's --max-lora-rank, but engine is {engine!r}: write "
                           "engine = \"vllm\", or remove max_lora_rank")
-    if engine == "none" and (serving.quantization or serving.chat_template or serving.converter):
-        key = next(k for k in ("quantization", "chat_template", "converter") if serving[k])
+    if engine == "none" and (serving.quantization or serving.chat_template or serving.converter or serving.merge_into):
+        key = next(k for k in ("quantization", "chat_template", "converter", "merge_into") if serving[k])
         raise parser.fail(f"[serving] {key}", "set, but no engine: write engine = one of "
                           f"{', '.join(SERVING_ENGINES[1:])}, so the serving checks know what serves the model")
     if serving.converter and engine not in GGUF_ENGINES:

@@ -295,6 +295,11 @@ class ServingTable(PRecord):
     converter: Path | str
     """llama.cpp's convert_hf_to_gguf.py (else $FTREADY_GGUF_CONVERTER, or the llama-cpp-python source distribution
     found by lifecycle.gguf)"""
+    merge_into: Literal['', 'original', 'dequantized', 'quantized']
+    """which base a LoRA adapter trained on a quantized base is merged into: original (the checkpoint loaded
+    unquantized: Axolotl merge_lora, LLaMA-Factory export), dequantized (the quantized base dequantize()d: Unsloth
+    merged_16bit) or quantized (peft merge_and_unload on the 4-bit/8-bit base: Unsloth merged_4bit_forced); "" =
+    original, or the adapter served unmerged for vllm"""
 
 
 class DistributedTable(PRecord):

@@ -241,6 +241,7 @@ PLANTS: dict[str, tuple[Callable, str]] = {
     "lifecycle.vllm_adapter": (lambda k: k.recipe_with('[serving]\nengine = "vllm"', r="32"),
                                "above vLLM's max_lora_rank 16"),
     "lifecycle.gguf": (lambda k: _tokenizer_the_converter_does_not_know(k), "BPE pre-tokenizer was not recognized"),
+    "lifecycle.merged_model": (lambda k: _merged_into_the_quantized_base(k), "the small delta is rounded away"),
     "distributed.launch": (_rank_dies, "rank 1 failed in phase 'join'"),
     "distributed.collectives": (_slow_collectives, "under 25% of what rank 0's link should give"),
     "distributed.step": (_rank_over_capacity, "does not fit on every rank"),
@@ -290,6 +291,14 @@ def _serving_template_without_the_stop(kit):
 def _modelfile(kit, text: str):
     (kit.example / "Modelfile").write_text(text, encoding="utf-8")
     return kit.recipe_with('[serving]\nengine = "ollama"\nmodelfile = "Modelfile"')
+
+
+def _merged_into_the_quantized_base(kit):
+    """A QLoRA recipe (bitsandbytes 4-bit base) whose adapter is merged into the 4-bit base (peft#2321)."""
+    path = kit.example / "recipe.toml"
+    path.write_text(path.read_text().replace('attn_implementation = "sdpa"',
+                                             'attn_implementation = "sdpa"\nquantization = "4bit"'))
+    return kit.recipe_with('[serving]\nengine = "transformers"\nmerge_into = "quantized"')
 
 
 def _tokenizer_the_converter_does_not_know(kit):

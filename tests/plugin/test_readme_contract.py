@@ -131,6 +131,8 @@ CONTRACT: dict[str, dict[str, str]] = {
             "tests/trainers/test_unsloth.py::test_the_unsloth_notebook_template_is_what_step_overfit_resume_and_generate_run",
         # docs/serving.md: the [serving] table, the llama.cpp extra (CI's serving job installs it)
         "[serving]": "tests/serving/test_serving_rules.py::test_serving_table_is_read_and_defaults_to_no_engine",
+        "# recipe.toml: a QLoRA run (4-bit base) served by llama.cpp":
+            "tests/serving/test_merge.py::test_merge_into_the_dequantized_base_passes_and_all_three_are_measured",
         'pip install "pytest-ftready[llamacpp]"':
             "tests/serving/test_gguf.py::test_ci_serving_job_has_llama_cpp_and_the_converter",
         # docs/mlx.md: mlx's CPU backend beside the plugin (.ci/run builds that environment)
