@@ -30,6 +30,7 @@ from .layouts import Chat, Plain, Sample, read_sample
 from ..privacy.redaction import redact_pieces, row_values
 from .rendering import Renderer, generation_runs
 from .rows import Row
+from .skeleton import turn_span
 from .verify import (IGNORE_INDEX, content_texts, dropped_by_template, empty_block_pattern, empty_reasoning,
                      empty_reasoning_problem, reasoning_tags, runs, sequence_problems, verify_turns)
 
@@ -391,14 +392,9 @@ def _turn_spans(chat: Chat, text: str, turn_renders, problems: list) -> dict[int
         except Exception as exc:
             problems.append(("render_error", f"template failed on the turns up to {label}: {exc}"))
             continue
-        if not upto.startswith(prompt):
-            problems.append(("prompt_not_prefix", f"the inference prompt before {label} "
-                             "(add_generation_prompt=True) is not a prefix of the render of the turns up to it"))
-        if not text.startswith(upto):
-            problems.append(("history_rewritten", f"assistant turn {label} renders differently once later "
-                             "turns follow (the template rewrites history, as reasoning templates do)"))
-        elif upto.startswith(prompt):
-            spans[i] = (len(prompt), len(upto))
+        span = turn_span(label, prompt, upto, text, problems)
+        if span is not None:
+            spans[i] = span
     return spans
 
 

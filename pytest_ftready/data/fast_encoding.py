@@ -89,7 +89,7 @@ class FastPaths:
                 submit = pool.submit if self.backend() is not None else _now
                 waiting = None  # (batch, future of its tokenizations)
                 for batch in self._spliced_batches(pairs):
-                    texts = [text for _, _, (text, _, _) in batch]
+                    texts = [text for _, _, (text, *_) in batch]
                     future = submit(self._tokenize_both, texts, self.kinds_from_widths())
                     if waiting is not None:
                         self._encode_spliced(pairs, *waiting, out)
@@ -143,7 +143,7 @@ class FastPaths:
     def _encode_spliced(self, pairs: Sequence[tuple[Row, Sample]], batch: list, tokenized: Future,
                         out: list) -> None:
         raw_base, raw_final, kinds = tokenized.result()
-        texts = [text for _, _, (text, _, _) in batch]
+        texts = [text for _, _, (text, *_) in batch]
         if kinds is not None:
             base = final = self.read_without_offsets(raw_base, texts, kinds)
         else:
@@ -152,9 +152,9 @@ class FastPaths:
             # only the backend's own encodings are read from the widths (not the tokenizer __call__'s)
             if self.widths is not None and isinstance(base[0], _Encoding):
                 self.read_columns(base, texts, [True] * len(base))
-        for n, (k, chat, (text, generation, spans)) in enumerate(batch):
-            out[k] = self.encoder.chat_labels(pairs[k][0], chat, text, generation, dict(zip(chat.trained, spans)),
-                                              dropped_by_template(chat, text), base[n], final[n], False)
+        for n, (k, chat, (text, generation, turns, turn_problems)) in enumerate(batch):
+            out[k] = self.encoder.chat_labels(pairs[k][0], chat, text, generation, turns,
+                                              dropped_by_template(chat, text) + turn_problems, base[n], final[n], False)
 
     def read_columns(self, encodings: list, texts: list[str], chosen: list[bool]) -> None:
         """Give the ``chosen`` encodings (with offsets) whose tokens cover their text end to end
