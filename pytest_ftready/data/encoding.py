@@ -174,14 +174,27 @@ class Encoder:
         """``budget``: characters to tokenize at most (default ``char_budget``; 0: the whole row,
         after a cut that proved unsafe): each longer message is cut to it before rendering, and
         the render too, so a row of megabytes costs what max_length tokens cost."""
+        rendered = self.render_chat(row, chat, budget)
+        if isinstance(rendered, Encoded):
+            return rendered
+        chat, text, generation, turns, problems, cut, whole = rendered
+        base = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        if cut and (len(base["input_ids"]) <= self.max_length or (self.markers and generation is None)):
+            return self._encode_chat(row, whole, budget=0)  # the cut is not safe here: the whole row, exactly
+        final = self.tok(text, add_special_tokens=True, return_offsets_mapping=True) if self.add_special else base
+        return self.chat_labels(row, chat, text, generation, turns, problems, base, final, cut)
+
+    def render_chat(self, row: Row, chat: Chat, budget: Optional[int] = None):
+        """``_encode_chat`` up to its tokenizing: (the chat rendered, its text, its generation spans,
+        its turn spans, its problems so far, whether it was cut, the whole chat), or the row's
+        Encoded where the template fails."""
         budget = self.char_budget if budget is None else budget
         whole = chat
         chat = self._leading(_clipped(chat, budget), budget) if budget else chat
         messages, tools = chat.messages, chat.tools
         problems: list[tuple[str, str]] = []
-        markers = self.markers
         try:
-            if markers:
+            if self.markers:
                 text, generation = self.renderer.render_marked(messages, tools=tools)
             else:
                 text, generation = self.render(messages, tools=tools), None
@@ -195,18 +208,14 @@ class Encoder:
 
         turns = _turn_spans(chat, text, turn_renders, problems)
         cut = bool(budget) and (chat is not whole or len(text) > budget)
-        if cut:
-            # where every response starts past the budget, the first is kept in part: its labels then say
-            # that max_length cuts the whole response (not that the template marks nothing)
-            first = min((a for a, b in (turns.values() if generation is None else generation) if b > a), default=0)
-            keep = budget if first < budget else first + budget
-            text = text[:keep]
-            generation = None if generation is None else [(a, min(b, keep)) for a, b in generation if a < keep]
-        base = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        if cut and (len(base["input_ids"]) <= self.max_length or (markers and generation is None)):
-            return self._encode_chat(row, whole, budget=0)  # the cut is not safe here: the whole row, exactly
-        final = self.tok(text, add_special_tokens=True, return_offsets_mapping=True) if self.add_special else base
-        return self.chat_labels(row, chat, text, generation, turns, problems, base, final, cut)
+        if not cut:
+            return chat, text, generation, turns, problems, False, whole
+        # where every response starts past the budget, the first is kept in part: its labels then say
+        # that max_length cuts the whole response (not that the template marks nothing)
+        first = min((a for a, b in (turns.values() if generation is None else generation) if b > a), default=0)
+        keep = budget if first < budget else first + budget
+        generation = None if generation is None else [(a, min(b, keep)) for a, b in generation if a < keep]
+        return chat, text[:keep], generation, turns, problems, True, whole
 
     def _leading(self, chat: Chat, budget: int) -> Chat:
         """``chat`` cut after its first 16, 32, 64, ... messages once they hold a trained turn and are more
