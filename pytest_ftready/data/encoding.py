@@ -271,7 +271,7 @@ class Encoder:
                 trained = (_flags_in_order(columns[0], len(ids), spans) if columns is not None
                            else _trained_flags(final["offset_mapping"], spans))
             if self.chat_method == PREFIX_DIFF:
-                _trim_after_stop(ids, trained, self.stop_ids)
+                trained_runs = _trim_after_stop(ids, trained, self.stop_ids)
             prompt_ends = {i: start for i, (start, _) in turns.items()}
             problems += verify_turns(chat, text, None if columns else final["offset_mapping"], trained, self.train_on,
                                      columns and columns[0], prompt_ends, supplied)
@@ -469,9 +469,12 @@ def _in_order(offsets) -> Optional[tuple[list[int], list[int]]]:
     """The tokens' (starts, ends) when every token has characters and neither starts nor ends
     go back (the usual case; two tokens may share a character, as byte-level tokens splitting
     one of several bytes do), else None; checked without a Python loop per token."""
-    starts, ends = (list(column) for column in zip(*offsets)) if len(offsets) else ([], [])
-    if (all(map(operator.lt, starts, ends)) and all(map(operator.le, starts[:-1], starts[1:]))
-            and all(map(operator.le, ends[:-1], ends[1:]))):
+    if not len(offsets):
+        return [], []
+    starts, ends = map(list, zip(*offsets))
+    # map stops at the shorter sequence: starts against starts[1:] compares each with the next
+    if (all(map(operator.lt, starts, ends)) and all(map(operator.le, starts, starts[1:]))
+            and all(map(operator.le, ends, ends[1:]))):
         return starts, ends
     return None
 
@@ -553,13 +556,18 @@ def _cover(spans) -> list[tuple[int, int]]:
     return cover
 
 
-def _trim_after_stop(ids: list[int], trained: list[bool], stop_ids: frozenset[int]) -> None:
+def _trim_after_stop(ids: list[int], trained: list[bool], stop_ids: frozenset[int]) -> list[tuple[int, int]]:
     """Prefix-diff spans end with the template's text after the stop token (a newline):
-    that text is never generated, so it carries no loss."""
+    that text is never generated, so it carries no loss. Gives ``runs(trained)`` after the cut (each
+    run cut after its last stop token: still runs, apart as they were)."""
+    out = []
     for start, end in runs(trained):
         last = next((k for k in range(end - 1, start - 1, -1) if ids[k] in stop_ids), None)
         if last is not None:
             trained[last + 1:end] = [False] * (end - last - 1)
+            end = last + 1
+        out.append((start, end))
+    return out
 
 
 def mask_runs(tokenizer, encoded: Encoded, limit: Optional[int] = None) -> list[tuple[str, bool]]:

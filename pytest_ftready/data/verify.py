@@ -107,7 +107,10 @@ def sequence_problems(tokenizer, ids: Sequence[int], trained: Sequence[bool], st
         problems.append(("bos_doubled", "the sequence starts with BOS twice (the template writes BOS and the "
                          "tokenizer adds another)"))
     spans = runs(trained) if spans is None else spans
-    missing = [(a, b) for a, b in spans if stop_ids.isdisjoint(ids[a:b])]
+    # most spans end with their stop token: the whole span is looked at only where the last is none
+    n = len(ids)
+    missing = [(a, b) for a, b in spans
+               if not (0 <= a < b <= n and ids[b - 1] in stop_ids) and stop_ids.isdisjoint(ids[a:b])]
     if spans and missing and stop_ids:
         names = ", ".join(sorted({tokenizer.convert_ids_to_tokens(s) for s in stop_ids}))
         problems.append(("stop_untrained", f"{len(missing)} of {len(spans)} trained spans end without a stop "
