@@ -268,10 +268,13 @@ class Encoder:
             else:
                 if blocks is not None:  # each marked token's characters, mapped onto the final tokens
                     spans = _block_spans(blocks, base["offset_mapping"] if columns_base is None else None, columns_base)
-                trained = (_flags_in_order(columns[0], len(ids), spans) if columns is not None
-                           else _trained_flags(final["offset_mapping"], spans))
+                if columns is not None:
+                    trained_runs = _runs_in_order(columns[0], spans)
+                    trained = _block_flags(len(ids), trained_runs, [])
+                else:
+                    trained = _trained_flags(final["offset_mapping"], spans)
             if self.chat_method == PREFIX_DIFF:
-                trained_runs = _trim_after_stop(ids, trained, self.stop_ids)
+                trained_runs = _trim_after_stop(ids, trained, self.stop_ids, trained_runs)
             prompt_ends = {i: start for i, (start, _) in turns.items()}
             problems += verify_turns(chat, text, None if columns else final["offset_mapping"], trained, self.train_on,
                                      columns and columns[0], prompt_ends, supplied)
@@ -293,7 +296,7 @@ class Encoder:
         if "<" not in text or pattern.search(text) is None:
             return []
         starts = columns[0] if columns is not None else [a for a, _ in final["offset_mapping"]]
-        count, held = empty_reasoning(text, starts, trained, pattern, turns)
+        count, held = empty_reasoning(text, starts, trained, pattern, turns, True if columns is not None else None)
         return empty_reasoning_problem(count, held, chat.labels, tags)
 
     def _bare_prompts(self, chat: Chat, text: str, turns: dict) -> list[tuple[str, str]]:
@@ -457,12 +460,24 @@ def _trained_flags(offsets, spans) -> list[bool]:
 
 def _flags_in_order(starts, n: int, spans) -> list[bool]:
     """``_trained_flags`` of ``n`` tokens that all have characters and never go back (``starts``:
-    their start characters): the tokens of each interval of the cover are a run, found by bisection."""
-    flags = [False] * n
+    their start characters)."""
+    return _block_flags(n, _runs_in_order(starts, spans), [])
+
+
+def _runs_in_order(starts, spans) -> list[tuple[int, int]]:
+    """``runs(_flags_in_order(starts, n, spans))`` without the flags: the tokens of each interval of
+    the cover are a run, found by bisection; the cover's intervals are apart and in order, so their
+    runs are too, one joining the next only where it stops at the next one's first token."""
+    out: list[tuple[int, int]] = []
     for lo, hi in _cover(spans):
         first, stop = bisect.bisect_left(starts, lo), bisect.bisect_left(starts, hi)
-        flags[first:stop] = [True] * (stop - first)
-    return flags
+        if stop <= first:
+            continue
+        if out and out[-1][1] == first:
+            out[-1] = (out[-1][0], stop)
+        else:
+            out.append((first, stop))
+    return out
 
 
 def _in_order(offsets) -> Optional[tuple[list[int], list[int]]]:
@@ -556,12 +571,14 @@ def _cover(spans) -> list[tuple[int, int]]:
     return cover
 
 
-def _trim_after_stop(ids: list[int], trained: list[bool], stop_ids: frozenset[int]) -> list[tuple[int, int]]:
+def _trim_after_stop(ids: list[int], trained: list[bool], stop_ids: frozenset[int],
+                     trained_runs: Optional[list[tuple[int, int]]] = None) -> list[tuple[int, int]]:
     """Prefix-diff spans end with the template's text after the stop token (a newline):
     that text is never generated, so it carries no loss. Gives ``runs(trained)`` after the cut (each
-    run cut after its last stop token: still runs, apart as they were)."""
+    run cut after its last stop token: still runs, apart as they were). ``trained_runs``:
+    ``runs(trained)``, when the caller has them."""
     out = []
-    for start, end in runs(trained):
+    for start, end in (runs(trained) if trained_runs is None else trained_runs):
         last = next((k for k in range(end - 1, start - 1, -1) if ids[k] in stop_ids), None)
         if last is not None:
             trained[last + 1:end] = [False] * (end - last - 1)

@@ -289,15 +289,15 @@ def empty_block_pattern(tags: Sequence[tuple[str, str]]) -> "re.Pattern[str]":
 
 
 def empty_reasoning(text: str, starts: Sequence[int], trained: Sequence[bool], pattern: "re.Pattern[str]",
-                    turns: Mapping[int, tuple[int, int]] = {}) -> tuple[int, list[int]]:
+                    turns: Mapping[int, tuple[int, int]] = {}, ordered: Optional[bool] = None) -> tuple[int, list[int]]:
     """(how many empty reasoning blocks of ``text`` have a trained token, the trained turns that
     hold them): a token starting inside the block carries loss. ``starts``: each token's start
-    character (in order, or not); ``turns``: message index -> its character span in ``text``."""
+    character (in order, or not); ``turns``: message index -> its character span in ``text``;
+    ``ordered``: True when the caller knows the starts never go back (else they are looked at)."""
     count = 0
     held: list[int] = []
     if "<" not in text:
         return 0, held
-    ordered = None
     for match in pattern.finditer(text):
         a, b = match.span()
         if ordered is None:
