@@ -21,7 +21,7 @@ import bisect
 import operator
 import re
 from dataclasses import replace
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from ..recipe.schema import CHAT_FORMATS
 from .encoded import Encoded
@@ -184,10 +184,11 @@ class Encoder:
         final = self.tok(text, add_special_tokens=True, return_offsets_mapping=True) if self.add_special else base
         return self.chat_labels(row, chat, text, generation, turns, problems, base, final, cut)
 
-    def render_chat(self, row: Row, chat: Chat, budget: Optional[int] = None):
+    def render_chat(self, row: Row, chat: Chat, budget: Optional[int] = None, prompt: Optional[Callable] = None):
         """``_encode_chat`` up to its tokenizing: (the chat rendered, its text, its generation spans,
         its turn spans, its problems so far, whether it was cut, the whole chat), or the row's
-        Encoded where the template fails."""
+        Encoded where the template fails. ``prompt(chat, i)``: the render of ``chat``'s first ``i``
+        messages with the generation prompt, or None where the caller has none (then it is rendered)."""
         budget = self.char_budget if budget is None else budget
         whole = chat
         chat = self._leading(_clipped(chat, budget), budget) if budget else chat
@@ -203,8 +204,9 @@ class Encoder:
         problems += dropped_by_template(chat, text)
 
         def turn_renders(i: int) -> tuple[str, str]:
-            prompt = self.render(messages[:i], add_generation_prompt=True, tools=tools)
-            return prompt, (text if i == len(messages) - 1 else self.render(messages[: i + 1], tools=tools))
+            given = None if prompt is None else prompt(chat, i)
+            before = self.render(messages[:i], add_generation_prompt=True, tools=tools) if given is None else given
+            return before, (text if i == len(messages) - 1 else self.render(messages[: i + 1], tools=tools))
 
         turns = _turn_spans(chat, text, turn_renders, problems)
         cut = bool(budget) and (chat is not whole or len(text) > budget)

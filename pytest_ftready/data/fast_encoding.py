@@ -43,7 +43,8 @@ class _Encoder(Protocol):
     may_hold_chat: bool
 
     def encode(self, row: Row, sample: Optional[Sample] = None) -> Encoded: ...
-    def render_chat(self, row: Row, chat: Chat) -> Any: ...
+    def render_chat(self, row: Row, chat: Chat, budget: Optional[int] = None,
+                    prompt: Optional[Callable] = None) -> Any: ...
     def render(self, messages, add_generation_prompt: bool = False, tools=None) -> str: ...
     def render_marked(self, messages, tools): ...
 
@@ -122,7 +123,9 @@ class FastPaths:
                     text, generation, turns, problems = spliced
                     done = text, generation, turns, dropped_by_template(sample, text) + problems
             if done is None:
-                rendered = encoder.render_chat(row, sample)
+                # its inference prompts spliced where they can be (they hold no needle more often than the row)
+                rendered = encoder.render_chat(row, sample, prompt=lambda chat, i: splicer.splice_prompt(
+                    chat, i, encoder.render))
                 if isinstance(rendered, Encoded):
                     out[k] = rendered
                     continue

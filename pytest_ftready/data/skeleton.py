@@ -538,6 +538,36 @@ class Splicer:
         return text, generation, {i: span for i, span in zip(chat.trained, spans) if span is not None}, problems
 
 
+    def splice_prompt(self, chat, count: int, render: Callable) -> Optional[str]:
+        """The render of ``chat``'s first ``count`` messages with the generation prompt (an inference
+        prompt: what the row-by-row path renders before each trained turn), spliced into the skeleton
+        of those messages' structure; None where it cannot be (then render it)."""
+        head = _Head(tuple(chat.messages[:count]), chat.tools)
+        key = structure(head, self.needles)
+        if key is None:
+            return None
+        key = ("prompt", key)
+        try:
+            skeleton = self.skeletons[key]
+        except KeyError:
+            if len(self.skeletons) >= MAX_STRUCTURES:
+                self.skeletons.clear()
+            skeleton = self.skeletons[key] = _skeleton(head, render, None, generation_prompt=True)
+        contents = [m["content"] for m in head.messages]
+        if skeleton is None or max(map(len, contents), default=0) > self.char_budget:
+            return None
+        return _joined((skeleton.literals, skeleton.refs), contents)
+
+
+@dataclass(frozen=True)
+class _Head:
+    """The first messages of a conversation, none of them trained: what an inference prompt renders."""
+
+    messages: tuple
+    tools: Optional[tuple]
+    trained: tuple = ()
+
+
 def _joined(parsed: tuple, contents: list) -> str:
     """A render with placeholders (``_parsed``'s literals and refs) with the row's ``contents`` in them."""
     literals, refs = parsed
@@ -561,9 +591,11 @@ def _parsed(text: str) -> Optional[tuple[tuple[str, ...], tuple[tuple[int, bool]
     return tuple(literals), tuple(refs), starts
 
 
-def _skeleton(chat, render: Callable, render_marked: Optional[Callable]) -> Optional[Skeleton]:
+def _skeleton(chat, render: Callable, render_marked: Optional[Callable],
+              generation_prompt: bool = False) -> Optional[Skeleton]:
     """The structure's renders with placeholder contents, or None where splicing cannot be
-    trusted for it (a render fails, a placeholder is cut or changed)."""
+    trusted for it (a render fails, a placeholder is cut or changed). ``generation_prompt``: the render is
+    the one with the generation prompt (``render_marked`` then None)."""
     messages = _placeholders(chat)
     tools = chat.tools
     try:
@@ -572,7 +604,7 @@ def _skeleton(chat, render: Callable, render_marked: Optional[Callable]) -> Opti
             if spans is None:
                 return None
         else:
-            text, spans = render(messages, False, tools), None
+            text, spans = render(messages, generation_prompt, tools), None
         turns: list = []
         odd = []  # (index among the trained turns, prompt render, render up to it or None: the text)
         for n, i in enumerate(chat.trained):
@@ -585,7 +617,7 @@ def _skeleton(chat, render: Callable, render_marked: Optional[Callable]) -> Opti
                 odd.append((n, prompt, None if upto is text else upto))
     except Exception:  # the row-by-row path reports the template's error
         return None
-    if not (_verbatim(chat, text, render, tools) and all(
+    if not (_verbatim(chat, text, render, tools, None, generation_prompt) and all(
             _verbatim(chat, prompt, render, tools, chat.trained[n], True)
             and (upto is None or _verbatim(chat, upto, render, tools, chat.trained[n] + 1))
             for n, prompt, upto in odd)):

@@ -225,3 +225,26 @@ def test_turn_renders_that_are_no_prefix_are_spliced_and_held_row_by_row(tokeniz
         assert all(enc.fast.splicer.splice(s, enc.render, None) is not None for _, s in pairs)
         assert ["prompt_not_prefix" in {kind for kind, _ in e.problems} for e in fast] == [True, False, False, True]
         assert fast[1].trained_full > 0 and fast[0].trained_full == 0
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_spliced_inference_prompts_are_the_renders(tokenizers, name):  # noqa: F811
+    """``Splicer.splice_prompt``, which the fast path gives the rows it renders row by row: the
+    render of a row's first messages with the generation prompt, spliced, is that render exactly (or None)."""
+    template, eos = TEMPLATES[name]
+    enc = encoder(tokenizers["tiny"], template, eos, "assistant", 512, False)
+    if enc.fast.splicer is None:
+        return
+    spliced = 0
+    for k in range(2):
+        for data in SPLICE_ROWS:
+            row = Row("t.jsonl", 1, variants(data, k))
+            if row_problems(row, "auto", "assistant") or "messages" not in row.data:
+                continue
+            chat = read_sample(row, "auto", "assistant")[0]
+            for i in chat.trained:
+                got = enc.fast.splicer.splice_prompt(chat, i, enc.render)
+                if got is not None:
+                    spliced += 1
+                    assert got == enc.render(chat.messages[:i], True, chat.tools), (row.data, i)
+    assert spliced > 0
