@@ -4,9 +4,9 @@ row by row (``data/encoding.py``), faster, for chat rows in three steps that bui
 * **spliced renders**: a row's contents spliced into its structure's render (``data/skeleton.py``)
   instead of one template render per trained turn;
 * **batched, threaded tokenizing**: chat rows (spliced, or rendered as ``Encoder.render_chat``
-  renders them where the splicer cannot) tokenized BATCH_ROWS at a time by the backend
-  tokenizer, each batch in a thread while the rows before it are labelled (the backend releases
-  the GIL);
+  renders them where the splicer cannot) tokenized BATCH_ROWS at a time (the first two batches
+  FIRST_BATCH_ROWS) by the backend tokenizer, each batch in a thread while the rows before it are
+  labelled (the backend releases the GIL);
 * **offsets from token widths**: where the tokens of a text cover it end to end, their offsets
   are read from each token's width (``data/tiling.py``) and the backend skips making them;
   trusted for a kind of text (ASCII, other UTF-8) only once a batch's real offsets agreed.
@@ -53,6 +53,9 @@ class _Encoder(Protocol):
 
 # spliced chat rows tokenized in one call (each row's offsets are Python objects until labelled)
 BATCH_ROWS = 256
+# the first two batches, which are tokenized with offsets before any batch is labelled (the widths are
+# not yet checked against offsets): small, so that the rows after them may skip their offsets
+FIRST_BATCH_ROWS = 32
 
 
 class WidthCheck(enum.Enum):
@@ -104,13 +107,14 @@ class FastPaths:
 
     def _rendered_batches(self, pairs: Sequence[tuple[Row, Sample]], out: list) -> Iterator[list]:
         """[(index in pairs, chat, (text, generation spans, turn spans, problems))] of the chat rows,
-        BATCH_ROWS at a time: spliced where the splicer can, else rendered as ``Encoder.encode``
-        renders them (``render_chat``). A row whose template fails gets its Encoded in ``out``
-        here; a row its render cuts (past the character budget) is left to ``Encoder.encode``."""
+        BATCH_ROWS at a time (the first two FIRST_BATCH_ROWS): spliced where the splicer can, else
+        rendered as ``Encoder.encode`` renders them (``render_chat``). A row whose template fails gets
+        its Encoded in ``out`` here; a row its render cuts (past the character budget) is left to
+        ``Encoder.encode``."""
         encoder, splicer = self.encoder, self.splicer
         assert splicer is not None
         render_marked = encoder.render_marked if encoder.markers else None
-        batch = []
+        batch, made = [], 0
         for k, (row, sample) in enumerate(pairs):
             if not isinstance(sample, Chat):
                 continue
@@ -134,9 +138,9 @@ class FastPaths:
                     continue
                 sample, done = chat, (text, generation, turns, problems)
             batch.append((k, sample, done))
-            if len(batch) == BATCH_ROWS:
+            if len(batch) == (min(FIRST_BATCH_ROWS, BATCH_ROWS) if made < 2 else BATCH_ROWS):
                 yield batch
-                batch = []
+                batch, made = [], made + 1
         if batch:
             yield batch
 
