@@ -21,7 +21,7 @@ import bisect
 import operator
 import re
 from dataclasses import replace
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from ..recipe.schema import CHAT_FORMATS
 from .encoded import Encoded
@@ -30,6 +30,7 @@ from .layouts import Chat, Plain, Sample, read_sample
 from ..privacy.redaction import redact_pieces, row_values
 from .rendering import Renderer, generation_runs
 from .rows import Row
+from .skeleton import turn_span
 from .verify import (IGNORE_INDEX, content_texts, dropped_by_template, empty_block_pattern, empty_reasoning,
                      empty_reasoning_problem, reasoning_tags, runs, sequence_problems, verify_turns)
 
@@ -173,14 +174,28 @@ class Encoder:
         """``budget``: characters to tokenize at most (default ``char_budget``; 0: the whole row,
         after a cut that proved unsafe): each longer message is cut to it before rendering, and
         the render too, so a row of megabytes costs what max_length tokens cost."""
+        rendered = self.render_chat(row, chat, budget)
+        if isinstance(rendered, Encoded):
+            return rendered
+        chat, text, generation, turns, problems, cut, whole = rendered
+        base = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        if cut and (len(base["input_ids"]) <= self.max_length or (self.markers and generation is None)):
+            return self._encode_chat(row, whole, budget=0)  # the cut is not safe here: the whole row, exactly
+        final = self.tok(text, add_special_tokens=True, return_offsets_mapping=True) if self.add_special else base
+        return self.chat_labels(row, chat, text, generation, turns, problems, base, final, cut)
+
+    def render_chat(self, row: Row, chat: Chat, budget: Optional[int] = None, prompt: Optional[Callable] = None):
+        """``_encode_chat`` up to its tokenizing: (the chat rendered, its text, its generation spans,
+        its turn spans, its problems so far, whether it was cut, the whole chat), or the row's
+        Encoded where the template fails. ``prompt(chat, i)``: the render of ``chat``'s first ``i``
+        messages with the generation prompt, or None where the caller has none (then it is rendered)."""
         budget = self.char_budget if budget is None else budget
         whole = chat
         chat = self._leading(_clipped(chat, budget), budget) if budget else chat
         messages, tools = chat.messages, chat.tools
         problems: list[tuple[str, str]] = []
-        markers = self.markers
         try:
-            if markers:
+            if self.markers:
                 text, generation = self.renderer.render_marked(messages, tools=tools)
             else:
                 text, generation = self.render(messages, tools=tools), None
@@ -189,23 +204,20 @@ class Encoder:
         problems += dropped_by_template(chat, text)
 
         def turn_renders(i: int) -> tuple[str, str]:
-            prompt = self.render(messages[:i], add_generation_prompt=True, tools=tools)
-            return prompt, (text if i == len(messages) - 1 else self.render(messages[: i + 1], tools=tools))
+            given = None if prompt is None else prompt(chat, i)
+            before = self.render(messages[:i], add_generation_prompt=True, tools=tools) if given is None else given
+            return before, (text if i == len(messages) - 1 else self.render(messages[: i + 1], tools=tools))
 
         turns = _turn_spans(chat, text, turn_renders, problems)
         cut = bool(budget) and (chat is not whole or len(text) > budget)
-        if cut:
-            # where every response starts past the budget, the first is kept in part: its labels then say
-            # that max_length cuts the whole response (not that the template marks nothing)
-            first = min((a for a, b in (turns.values() if generation is None else generation) if b > a), default=0)
-            keep = budget if first < budget else first + budget
-            text = text[:keep]
-            generation = None if generation is None else [(a, min(b, keep)) for a, b in generation if a < keep]
-        base = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        if cut and (len(base["input_ids"]) <= self.max_length or (markers and generation is None)):
-            return self._encode_chat(row, whole, budget=0)  # the cut is not safe here: the whole row, exactly
-        final = self.tok(text, add_special_tokens=True, return_offsets_mapping=True) if self.add_special else base
-        return self.chat_labels(row, chat, text, generation, turns, problems, base, final, cut)
+        if not cut:
+            return chat, text, generation, turns, problems, False, whole
+        # where every response starts past the budget, the first is kept in part: its labels then say
+        # that max_length cuts the whole response (not that the template marks nothing)
+        first = min((a for a, b in (turns.values() if generation is None else generation) if b > a), default=0)
+        keep = budget if first < budget else first + budget
+        generation = None if generation is None else [(a, min(b, keep)) for a, b in generation if a < keep]
+        return chat, text[:keep], generation, turns, problems, True, whole
 
     def _leading(self, chat: Chat, budget: int) -> Chat:
         """``chat`` cut after its first 16, 32, 64, ... messages once they hold a trained turn and are more
@@ -258,10 +270,13 @@ class Encoder:
             else:
                 if blocks is not None:  # each marked token's characters, mapped onto the final tokens
                     spans = _block_spans(blocks, base["offset_mapping"] if columns_base is None else None, columns_base)
-                trained = (_flags_in_order(columns[0], len(ids), spans) if columns is not None
-                           else _trained_flags(final["offset_mapping"], spans))
+                if columns is not None:
+                    trained_runs = _runs_in_order(columns[0], spans)
+                    trained = _block_flags(len(ids), trained_runs, [])
+                else:
+                    trained = _trained_flags(final["offset_mapping"], spans)
             if self.chat_method == PREFIX_DIFF:
-                _trim_after_stop(ids, trained, self.stop_ids)
+                trained_runs = _trim_after_stop(ids, trained, self.stop_ids, trained_runs)
             prompt_ends = {i: start for i, (start, _) in turns.items()}
             problems += verify_turns(chat, text, None if columns else final["offset_mapping"], trained, self.train_on,
                                      columns and columns[0], prompt_ends, supplied)
@@ -283,7 +298,7 @@ class Encoder:
         if "<" not in text or pattern.search(text) is None:
             return []
         starts = columns[0] if columns is not None else [a for a, _ in final["offset_mapping"]]
-        count, held = empty_reasoning(text, starts, trained, pattern, turns)
+        count, held = empty_reasoning(text, starts, trained, pattern, turns, True if columns is not None else None)
         return empty_reasoning_problem(count, held, chat.labels, tags)
 
     def _bare_prompts(self, chat: Chat, text: str, turns: dict) -> list[tuple[str, str]]:
@@ -391,14 +406,9 @@ def _turn_spans(chat: Chat, text: str, turn_renders, problems: list) -> dict[int
         except Exception as exc:
             problems.append(("render_error", f"template failed on the turns up to {label}: {exc}"))
             continue
-        if not upto.startswith(prompt):
-            problems.append(("prompt_not_prefix", f"the inference prompt before {label} "
-                             "(add_generation_prompt=True) is not a prefix of the render of the turns up to it"))
-        if not text.startswith(upto):
-            problems.append(("history_rewritten", f"assistant turn {label} renders differently once later "
-                             "turns follow (the template rewrites history, as reasoning templates do)"))
-        elif upto.startswith(prompt):
-            spans[i] = (len(prompt), len(upto))
+        span = turn_span(label, prompt, upto, text, problems)
+        if span is not None:
+            spans[i] = span
     return spans
 
 
@@ -452,21 +462,36 @@ def _trained_flags(offsets, spans) -> list[bool]:
 
 def _flags_in_order(starts, n: int, spans) -> list[bool]:
     """``_trained_flags`` of ``n`` tokens that all have characters and never go back (``starts``:
-    their start characters): the tokens of each interval of the cover are a run, found by bisection."""
-    flags = [False] * n
+    their start characters)."""
+    return _block_flags(n, _runs_in_order(starts, spans), [])
+
+
+def _runs_in_order(starts, spans) -> list[tuple[int, int]]:
+    """``runs(_flags_in_order(starts, n, spans))`` without the flags: the tokens of each interval of
+    the cover are a run, found by bisection; the cover's intervals are apart and in order, so their
+    runs are too, one joining the next only where it stops at the next one's first token."""
+    out: list[tuple[int, int]] = []
     for lo, hi in _cover(spans):
         first, stop = bisect.bisect_left(starts, lo), bisect.bisect_left(starts, hi)
-        flags[first:stop] = [True] * (stop - first)
-    return flags
+        if stop <= first:
+            continue
+        if out and out[-1][1] == first:
+            out[-1] = (out[-1][0], stop)
+        else:
+            out.append((first, stop))
+    return out
 
 
 def _in_order(offsets) -> Optional[tuple[list[int], list[int]]]:
     """The tokens' (starts, ends) when every token has characters and neither starts nor ends
     go back (the usual case; two tokens may share a character, as byte-level tokens splitting
     one of several bytes do), else None; checked without a Python loop per token."""
-    starts, ends = (list(column) for column in zip(*offsets)) if len(offsets) else ([], [])
-    if (all(map(operator.lt, starts, ends)) and all(map(operator.le, starts[:-1], starts[1:]))
-            and all(map(operator.le, ends[:-1], ends[1:]))):
+    if not len(offsets):
+        return [], []
+    starts, ends = map(list, zip(*offsets))
+    # map stops at the shorter sequence: starts against starts[1:] compares each with the next
+    if (all(map(operator.lt, starts, ends)) and all(map(operator.le, starts, starts[1:]))
+            and all(map(operator.le, ends, ends[1:]))):
         return starts, ends
     return None
 
@@ -548,13 +573,20 @@ def _cover(spans) -> list[tuple[int, int]]:
     return cover
 
 
-def _trim_after_stop(ids: list[int], trained: list[bool], stop_ids: frozenset[int]) -> None:
+def _trim_after_stop(ids: list[int], trained: list[bool], stop_ids: frozenset[int],
+                     trained_runs: Optional[list[tuple[int, int]]] = None) -> list[tuple[int, int]]:
     """Prefix-diff spans end with the template's text after the stop token (a newline):
-    that text is never generated, so it carries no loss."""
-    for start, end in runs(trained):
+    that text is never generated, so it carries no loss. Gives ``runs(trained)`` after the cut (each
+    run cut after its last stop token: still runs, apart as they were). ``trained_runs``:
+    ``runs(trained)``, when the caller has them."""
+    out = []
+    for start, end in (runs(trained) if trained_runs is None else trained_runs):
         last = next((k for k in range(end - 1, start - 1, -1) if ids[k] in stop_ids), None)
         if last is not None:
             trained[last + 1:end] = [False] * (end - last - 1)
+            end = last + 1
+        out.append((start, end))
+    return out
 
 
 def mask_runs(tokenizer, encoded: Encoded, limit: Optional[int] = None) -> list[tuple[str, bool]]:

@@ -3,14 +3,16 @@ row by row (``data/encoding.py``), faster, for chat rows in three steps that bui
 
 * **spliced renders**: a row's contents spliced into its structure's render (``data/skeleton.py``)
   instead of one template render per trained turn;
-* **batched, threaded tokenizing**: spliced rows tokenized BATCH_ROWS at a time by the backend
-  tokenizer, each batch in a thread while the rows before it are labelled (the backend releases
-  the GIL);
+* **batched, threaded tokenizing**: chat rows (spliced, or rendered as ``Encoder.render_chat``
+  renders them where the splicer cannot) tokenized BATCH_ROWS at a time (the first two batches
+  FIRST_BATCH_ROWS) by the backend tokenizer, each batch in a thread while the rows before it are
+  labelled (the backend releases the GIL);
 * **offsets from token widths**: where the tokens of a text cover it end to end, their offsets
   are read from each token's width (``data/tiling.py``) and the backend skips making them;
   trusted for a kind of text (ASCII, other UTF-8) only once a batch's real offsets agreed.
 
-Rows none of these apply to go through ``Encoder.encode``. tests/data/test_fast_paths.py,
+Rows none of these apply to (plain rows, chat rows of a template the splicer does not take, rows
+cut at the character budget) go through ``Encoder.encode``. tests/data/test_fast_paths.py,
 test_tiling.py and test_skeleton.py hold every path equal to the row-by-row one.
 """
 
@@ -41,6 +43,8 @@ class _Encoder(Protocol):
     may_hold_chat: bool
 
     def encode(self, row: Row, sample: Optional[Sample] = None) -> Encoded: ...
+    def render_chat(self, row: Row, chat: Chat, budget: Optional[int] = None,
+                    prompt: Optional[Callable] = None) -> Any: ...
     def render(self, messages, add_generation_prompt: bool = False, tools=None) -> str: ...
     def render_marked(self, messages, tools): ...
 
@@ -49,6 +53,9 @@ class _Encoder(Protocol):
 
 # spliced chat rows tokenized in one call (each row's offsets are Python objects until labelled)
 BATCH_ROWS = 256
+# the first two batches, which are tokenized with offsets before any batch is labelled (the widths are
+# not yet checked against offsets): small, so that the rows after them may skip their offsets
+FIRST_BATCH_ROWS = 32
 
 
 class WidthCheck(enum.Enum):
@@ -88,33 +95,52 @@ class FastPaths:
                 # transformers' own __call__ holds the GIL: no thread for it
                 submit = pool.submit if self.backend() is not None else _now
                 waiting = None  # (batch, future of its tokenizations)
-                for batch in self._spliced_batches(pairs):
-                    texts = [text for _, _, (text, _, _) in batch]
+                for batch in self._rendered_batches(pairs, out):
+                    texts = [text for _, _, (text, *_) in batch]
                     future = submit(self._tokenize_both, texts, self.kinds_from_widths())
                     if waiting is not None:
-                        self._encode_spliced(pairs, *waiting, out)
+                        self._encode_batch(pairs, *waiting, out)
                     waiting = batch, future
                 if waiting is not None:
-                    self._encode_spliced(pairs, *waiting, out)
+                    self._encode_batch(pairs, *waiting, out)
         return [e if e is not None else encoder.encode(row, sample) for e, (row, sample) in zip(out, pairs)]
 
-    def _spliced_batches(self, pairs: Sequence[tuple[Row, Sample]]) -> Iterator[list]:
-        """[(index in pairs, chat, splice)] of the chat rows the splicer renders, BATCH_ROWS at a time."""
+    def _rendered_batches(self, pairs: Sequence[tuple[Row, Sample]], out: list) -> Iterator[list]:
+        """[(index in pairs, chat, (text, generation spans, turn spans, problems))] of the chat rows,
+        BATCH_ROWS at a time (the first two FIRST_BATCH_ROWS): spliced where the splicer can, else
+        rendered as ``Encoder.encode`` renders them (``render_chat``). A row whose template fails gets
+        its Encoded in ``out`` here; a row its render cuts (past the character budget) is left to
+        ``Encoder.encode``."""
         encoder, splicer = self.encoder, self.splicer
         assert splicer is not None
         render_marked = encoder.render_marked if encoder.markers else None
-        batch = []
-        for k, (_, sample) in enumerate(pairs):
+        batch, made = [], 0
+        for k, (row, sample) in enumerate(pairs):
+            if not isinstance(sample, Chat):
+                continue
+            done = None
             # a row whose contents alone are past the budget, or of more messages than max_length, is
             # never spliced (its text would be past it): the row-by-row path cuts it before its per-turn renders
-            if (isinstance(sample, Chat) and len(sample.messages) <= encoder.max_length
-                    and _content_chars(sample) <= encoder.char_budget):
-                done = splicer.splice(sample, encoder.render, render_marked)
-                if done is not None:
-                    batch.append((k, sample, done))
-                    if len(batch) == BATCH_ROWS:
-                        yield batch
-                        batch = []
+            if len(sample.messages) <= encoder.max_length and _content_chars(sample) <= encoder.char_budget:
+                spliced = splicer.splice(sample, encoder.render, render_marked)
+                if spliced is not None:
+                    text, generation, turns, problems = spliced
+                    done = text, generation, turns, dropped_by_template(sample, text) + problems
+            if done is None:
+                # its inference prompts spliced where they can be (they hold no needle more often than the row)
+                rendered = encoder.render_chat(row, sample, prompt=lambda chat, i: splicer.splice_prompt(
+                    chat, i, encoder.render))
+                if isinstance(rendered, Encoded):
+                    out[k] = rendered
+                    continue
+                chat, text, generation, turns, problems, cut, _ = rendered
+                if cut:
+                    continue
+                sample, done = chat, (text, generation, turns, problems)
+            batch.append((k, sample, done))
+            if len(batch) == (min(FIRST_BATCH_ROWS, BATCH_ROWS) if made < 2 else BATCH_ROWS):
+                yield batch
+                batch, made = [], made + 1
         if batch:
             yield batch
 
@@ -140,10 +166,10 @@ class FastPaths:
         base = self.tokenize_many(texts, False)
         return base, (self.tokenize_many(texts, True) if self.encoder.add_special else base), None
 
-    def _encode_spliced(self, pairs: Sequence[tuple[Row, Sample]], batch: list, tokenized: Future,
+    def _encode_batch(self, pairs: Sequence[tuple[Row, Sample]], batch: list, tokenized: Future,
                         out: list) -> None:
         raw_base, raw_final, kinds = tokenized.result()
-        texts = [text for _, _, (text, _, _) in batch]
+        texts = [text for _, _, (text, *_) in batch]
         if kinds is not None:
             base = final = self.read_without_offsets(raw_base, texts, kinds)
         else:
@@ -152,9 +178,9 @@ class FastPaths:
             # only the backend's own encodings are read from the widths (not the tokenizer __call__'s)
             if self.widths is not None and isinstance(base[0], _Encoding):
                 self.read_columns(base, texts, [True] * len(base))
-        for n, (k, chat, (text, generation, spans)) in enumerate(batch):
-            out[k] = self.encoder.chat_labels(pairs[k][0], chat, text, generation, dict(zip(chat.trained, spans)),
-                                              dropped_by_template(chat, text), base[n], final[n], False)
+        for n, (k, chat, (text, generation, turns, problems)) in enumerate(batch):
+            out[k] = self.encoder.chat_labels(pairs[k][0], chat, text, generation, turns, problems, base[n], final[n],
+                                              False)
 
     def read_columns(self, encodings: list, texts: list[str], chosen: list[bool]) -> None:
         """Give the ``chosen`` encodings (with offsets) whose tokens cover their text end to end

@@ -19,9 +19,11 @@ no spliced row passes (Qwen 3.5's and DeepSeek-R1's reasoning ``split``). A row 
 by row too when a content holds a needle, when a
 content holds a placeholder character, is whitespace only (no placeholder keeps both its
 truthiness and its trimmed emptiness), or is not a string, and a structure whose render
-fails, or whose turn renders are not prefixes of the training render, goes row by row (the
-row-by-row path then names the problem). Imports jinja2 (through transformers) only when
-``opaque`` is first called."""
+fails goes row by row (the row-by-row path then names the problem). A trained turn whose renders
+with placeholders are not prefixes of the training render (DeepSeek-R1's inference prompt ends
+``<think>\n</think>``) has those renders spliced too, row after row, and held against the row's text as
+the row-by-row path holds its own (``turn_span``: the row's contents may make them prefixes).
+Imports jinja2 (through transformers) only when ``opaque`` is first called."""
 
 from __future__ import annotations
 
@@ -456,17 +458,38 @@ class Skeleton:
     """A training render with placeholders: ``literals[j]`` then ``refs[j]`` (message index,
     trimmed) for each j, then the last literal. ``points``: positions of interest as (literal
     index, offset in it): the generation span ends, then each trained turn's prompt end and
-    render end."""
+    render end. ``renders``: the trained turns whose renders with placeholders are not prefixes
+    of the training render (DeepSeek-R1's inference prompt ends ``<think>\n</think>``): per such turn its
+    index among the trained turns and the (literals, refs) of its inference prompt and of its
+    render up to it (None: the training render itself), spliced per row and held against the
+    row's text as the row-by-row path holds its renders (``turn_span``)."""
 
     literals: tuple[str, ...]
     refs: tuple[tuple[int, bool], ...]
     generation: Optional[tuple[tuple[tuple[int, int], tuple[int, int]], ...]]
-    turns: tuple[tuple[tuple[int, int], tuple[int, int]], ...]
+    turns: tuple[Optional[tuple[tuple[int, int], tuple[int, int]]], ...]
+    renders: tuple[tuple[int, tuple, Optional[tuple]], ...] = ()
+
+
+def turn_span(label: str, prompt: str, upto: str, text: str, problems: list) -> Optional[tuple[int, int]]:
+    """A trained turn's character span in the training render ``text``: from the end of its
+    inference prompt ``prompt`` to the end of ``upto``, the render of the turns up to it. The
+    prompt is held against ``upto`` (the same conversation), and ``upto`` against ``text`` (which
+    later turns may rewrite): each mismatch is a problem of its own, and a turn with one has no span."""
+    if not upto.startswith(prompt):
+        problems.append(("prompt_not_prefix", f"the inference prompt before {label} "
+                         "(add_generation_prompt=True) is not a prefix of the render of the turns up to it"))
+    if not text.startswith(upto):
+        problems.append(("history_rewritten", f"assistant turn {label} renders differently once later "
+                         "turns follow (the template rewrites history, as reasoning templates do)"))
+    elif upto.startswith(prompt):
+        return len(prompt), len(upto)
+    return None
 
 
 class Splicer:
     """Renders chat rows of one encoder by splicing; ``splice`` gives (text, generation spans,
-    turn spans) exactly as the row-by-row renders would, or None (then render the row)."""
+    turn spans, turn problems) exactly as the row-by-row renders would, or None (then render the row)."""
 
     def __init__(self, char_budget: int, needles: frozenset = frozenset()) -> None:
         self.char_budget = char_budget
@@ -474,10 +497,11 @@ class Splicer:
         self.skeletons: dict = {}
 
     def splice(self, chat, render: Callable, render_marked: Optional[Callable]
-               ) -> Optional[tuple[str, Optional[list], list]]:
+               ) -> Optional[tuple[str, Optional[list], dict, list]]:
         """``render(messages, add_generation_prompt, tools)``: the text; ``render_marked(messages,
         tools)``: the text and its {% generation %} spans (None spans: unknown), or None when the
-        generation spans are not wanted."""
+        generation spans are not wanted. The turn spans: per trained message whose renders are
+        prefixes of the text (``turn_span``); the problems: those ``turn_span`` found."""
         key = structure(chat, self.needles)
         if key is None:
             return None
@@ -492,8 +516,8 @@ class Splicer:
         contents = [m["content"] for m in chat.messages]
         if max(map(len, contents), default=0) > self.char_budget:
             return None  # the row-by-row path clips such contents
-        pieces = [contents[i].strip() if trimmed else contents[i] for i, trimmed in skeleton.refs]
         literals = skeleton.literals
+        pieces = [contents[i].strip() if trimmed else contents[i] for i, trimmed in skeleton.refs]
         text = "".join(itertools.chain.from_iterable(zip(literals, pieces))) + literals[-1]
         if len(text) > self.char_budget:
             return None
@@ -505,31 +529,55 @@ class Splicer:
             return starts[point[0]] + point[1]
 
         generation = None if skeleton.generation is None else [(at(a), at(b)) for a, b in skeleton.generation]
-        return text, generation, [(at(a), at(b)) for a, b in skeleton.turns]
+        spans = [None if turn is None else (at(turn[0]), at(turn[1])) for turn in skeleton.turns]
+        problems: list = []
+        for n, prompt, upto in skeleton.renders:
+            i = chat.trained[n]
+            spans[n] = turn_span(chat.labels[i], _joined(prompt, contents),
+                                 text if upto is None else _joined(upto, contents), text, problems)
+        return text, generation, {i: span for i, span in zip(chat.trained, spans) if span is not None}, problems
 
-def _skeleton(chat, render: Callable, render_marked: Optional[Callable]) -> Optional[Skeleton]:
-    """The structure's renders with placeholder contents, or None where splicing cannot be
-    trusted for it (a render fails, a turn render is not a prefix of the training render)."""
-    messages = _placeholders(chat)
-    tools = chat.tools
-    try:
-        if render_marked is not None:
-            text, spans = render_marked(messages, tools)
-            if spans is None:
-                return None
-        else:
-            text, spans = render(messages, False, tools), None
-        turns = []
-        for i in chat.trained:
-            prompt = render(messages[:i], True, tools)
-            upto = text if i == len(messages) - 1 else render(messages[: i + 1], tools=tools)
-            if not (text.startswith(prompt) and text.startswith(upto)):
-                return None  # the row-by-row path names the problem
-            turns.append((len(prompt), len(upto)))
-    except Exception:  # the row-by-row path reports the template's error
-        return None
-    if not _verbatim(chat, text, render, tools):
-        return None
+
+    def splice_prompt(self, chat, count: int, render: Callable) -> Optional[str]:
+        """The render of ``chat``'s first ``count`` messages with the generation prompt (an inference
+        prompt: what the row-by-row path renders before each trained turn), spliced into the skeleton
+        of those messages' structure; None where it cannot be (then render it)."""
+        head = _Head(tuple(chat.messages[:count]), chat.tools)
+        key = structure(head, self.needles)
+        if key is None:
+            return None
+        key = ("prompt", key)
+        try:
+            skeleton = self.skeletons[key]
+        except KeyError:
+            if len(self.skeletons) >= MAX_STRUCTURES:
+                self.skeletons.clear()
+            skeleton = self.skeletons[key] = _skeleton(head, render, None, generation_prompt=True)
+        contents = [m["content"] for m in head.messages]
+        if skeleton is None or max(map(len, contents), default=0) > self.char_budget:
+            return None
+        return _joined((skeleton.literals, skeleton.refs), contents)
+
+
+@dataclass(frozen=True)
+class _Head:
+    """The first messages of a conversation, none of them trained: what an inference prompt renders."""
+
+    messages: tuple
+    tools: Optional[tuple]
+    trained: tuple = ()
+
+
+def _joined(parsed: tuple, contents: list) -> str:
+    """A render with placeholders (``_parsed``'s literals and refs) with the row's ``contents`` in them."""
+    literals, refs = parsed
+    pieces = [contents[i].strip() if trimmed else contents[i] for i, trimmed in refs]
+    return "".join(itertools.chain.from_iterable(zip(literals, pieces))) + literals[-1]
+
+
+def _parsed(text: str) -> Optional[tuple[tuple[str, ...], tuple[tuple[int, bool], ...], list[int]]]:
+    """A render with placeholders read as (literals, refs, each literal's start), or None where a
+    placeholder was cut or changed by the template."""
     literals, refs, starts, at = [], [], [], 0
     for match in _PIECE.finditer(text):
         literals.append(text[at:match.start()])
@@ -539,27 +587,70 @@ def _skeleton(chat, render: Callable, render_marked: Optional[Callable]) -> Opti
     literals.append(text[at:])
     starts.append(at)
     if any(mark in literal for literal in literals for mark in MARKS):
+        return None
+    return tuple(literals), tuple(refs), starts
+
+
+def _skeleton(chat, render: Callable, render_marked: Optional[Callable],
+              generation_prompt: bool = False) -> Optional[Skeleton]:
+    """The structure's renders with placeholder contents, or None where splicing cannot be
+    trusted for it (a render fails, a placeholder is cut or changed). ``generation_prompt``: the render is
+    the one with the generation prompt (``render_marked`` then None)."""
+    messages = _placeholders(chat)
+    tools = chat.tools
+    try:
+        if render_marked is not None:
+            text, spans = render_marked(messages, tools)
+            if spans is None:
+                return None
+        else:
+            text, spans = render(messages, generation_prompt, tools), None
+        turns: list = []
+        odd = []  # (index among the trained turns, prompt render, render up to it or None: the text)
+        for n, i in enumerate(chat.trained):
+            prompt = render(messages[:i], True, tools)
+            upto = text if i == len(messages) - 1 else render(messages[: i + 1], tools=tools)
+            if upto.startswith(prompt) and text.startswith(upto):
+                turns.append((len(prompt), len(upto)))
+            else:  # held against the row's own text row after row (the contents may make it a prefix)
+                turns.append(None)
+                odd.append((n, prompt, None if upto is text else upto))
+    except Exception:  # the row-by-row path reports the template's error
+        return None
+    if not (_verbatim(chat, text, render, tools, None, generation_prompt) and all(
+            _verbatim(chat, prompt, render, tools, chat.trained[n], True)
+            and (upto is None or _verbatim(chat, upto, render, tools, chat.trained[n] + 1))
+            for n, prompt, upto in odd)):
+        return None
+    parsed = _parsed(text)
+    renders = [(n, _parsed(prompt), None if upto is None else _parsed(upto)) for n, prompt, upto in odd]
+    if parsed is None or any(p is None or (upto is not None and u is None)
+                             for (_, _, upto), (_, p, u) in zip(odd, renders)):
         return None  # a placeholder the template cut or changed
-    points = [p for span in (spans or ()) for p in span] + [p for turn in turns for p in turn]
+    literals, refs, starts = parsed
+    points = [p for span in (spans or ()) for p in span] + [p for turn in turns if turn is not None for p in turn]
     located = [_locate(starts, literals, p) for p in points]
     if any(p is None for p in located):
         return None
     marked = len(spans or ()) * 2
-    return Skeleton(tuple(literals), tuple(refs), None if spans is None else _pairs(located[:marked]),
-                    _pairs(located[marked:]))
+    found = iter(_pairs(located[marked:]))
+    return Skeleton(literals, refs, None if spans is None else _pairs(located[:marked]),
+                    tuple(None if turn is None else next(found) for turn in turns),
+                    tuple((n, p[:2], None if u is None else u[:2]) for n, p, u in renders))  # type: ignore[index]
 
 
 # characters that escaping filters (tojson) change: a placeholder holding them must come out as it went in
 PROBE = "\"\\\n\t'<>&é"
 
 
-def _verbatim(chat, text: str, render: Callable, tools) -> bool:
+def _verbatim(chat, text: str, render: Callable, tools, count: Optional[int] = None, prompt: bool = False) -> bool:
     """Whether each content goes into the training render as it is: the render with placeholders
     holding PROBE is ``text`` with PROBE inside each placeholder (a template escaping a content,
-    as ``| tojson`` does, changes it)."""
+    as ``| tojson`` does, changes it). ``count`` and ``prompt``: ``text`` is the render of the
+    first ``count`` messages, with the generation prompt when ``prompt``."""
     messages = _placeholders(chat, PROBE)
     try:
-        probed = render(messages, False, tools)
+        probed = render(messages[:count], prompt, tools)
     except Exception:
         return False
     return probed == re.sub(f"{OPEN}(\\d+){CLOSE}", lambda m: f"{OPEN}{m.group(1)}{PROBE}{CLOSE}", text)
@@ -583,7 +674,7 @@ def _pairs(seq: list) -> tuple:
     return tuple(zip(seq[::2], seq[1::2]))
 
 
-def _locate(starts: list[int], literals: list[str], position: int) -> Optional[tuple[int, int]]:
+def _locate(starts: list[int], literals: Sequence[str], position: int) -> Optional[tuple[int, int]]:
     """(literal index, offset) of a position of the skeleton's text; None inside a placeholder."""
     for j, (start, literal) in enumerate(zip(starts, literals)):
         if start <= position <= start + len(literal):

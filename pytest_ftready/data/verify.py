@@ -107,7 +107,10 @@ def sequence_problems(tokenizer, ids: Sequence[int], trained: Sequence[bool], st
         problems.append(("bos_doubled", "the sequence starts with BOS twice (the template writes BOS and the "
                          "tokenizer adds another)"))
     spans = runs(trained) if spans is None else spans
-    missing = [(a, b) for a, b in spans if stop_ids.isdisjoint(ids[a:b])]
+    # most spans end with their stop token: the whole span is looked at only where the last is none
+    n = len(ids)
+    missing = [(a, b) for a, b in spans
+               if not (0 <= a < b <= n and ids[b - 1] in stop_ids) and stop_ids.isdisjoint(ids[a:b])]
     if spans and missing and stop_ids:
         names = ", ".join(sorted({tokenizer.convert_ids_to_tokens(s) for s in stop_ids}))
         problems.append(("stop_untrained", f"{len(missing)} of {len(spans)} trained spans end without a stop "
@@ -286,15 +289,15 @@ def empty_block_pattern(tags: Sequence[tuple[str, str]]) -> "re.Pattern[str]":
 
 
 def empty_reasoning(text: str, starts: Sequence[int], trained: Sequence[bool], pattern: "re.Pattern[str]",
-                    turns: Mapping[int, tuple[int, int]] = {}) -> tuple[int, list[int]]:
+                    turns: Mapping[int, tuple[int, int]] = {}, ordered: Optional[bool] = None) -> tuple[int, list[int]]:
     """(how many empty reasoning blocks of ``text`` have a trained token, the trained turns that
     hold them): a token starting inside the block carries loss. ``starts``: each token's start
-    character (in order, or not); ``turns``: message index -> its character span in ``text``."""
+    character (in order, or not); ``turns``: message index -> its character span in ``text``;
+    ``ordered``: True when the caller knows the starts never go back (else they are looked at)."""
     count = 0
     held: list[int] = []
     if "<" not in text:
         return 0, held
-    ordered = None
     for match in pattern.finditer(text):
         a, b = match.span()
         if ordered is None:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from pytest_ftready.data import rendering
 from pytest_ftready.data.encoding import (Encoder, _block_flags, _block_spans, _flags_in_order, _in_order,
-                                          _trained_flags, _zero_width)
+                                          _runs_in_order, _trained_flags, _zero_width)
 from pytest_ftready.data.layouts import row_problems
 from pytest_ftready.data.rendering import Renderer, _overlap_mask, generation_mask
 from pytest_ftready.data.rows import Row
@@ -243,6 +243,7 @@ def test_offsets_in_order_are_found_as_defined_and_change_nothing_where_passed(o
     apart = all(offsets[k][1] <= offsets[k + 1][0] for k in range(len(offsets) - 1))
     assert _zero_width(None, columns) == _zero_width(offsets) == ([] if apart else None)
     assert _flags_in_order(columns[0], len(offsets), spans) == _trained_flags(offsets, spans)
+    assert _runs_in_order(columns[0], spans) == runs(_trained_flags(offsets, spans))
     text = "".join(chr(97 + k % 26) for k in range(max((b for _, b in offsets), default=0)))
     chat = SimpleNamespace(messages=[{"role": "user", "content": text[a:b]} for a, b in spans if b > a]
                            + [{"role": "assistant", "content": text[-3:]}])

@@ -211,9 +211,9 @@ def test_family_templates_take_the_fast_path_and_splice_exactly(name):
             if any(needle in m["content"] for m in getattr(sample, "messages", ()) for needle in tested
                    if isinstance(needle, str)):
                 assert not took, row.data  # '</think>' in a content: the template splits it, row by row
-    # DeepSeek-R1-Distill's inference prompt ends "<think>\n</think>", which its training render never
-    # holds: no trained turn passes the prefix check, every row goes row by row (and fails data.template)
-    assert (spliced > 20) == (name != "deepseek-r1-distill"), spliced
+    # DeepSeek-R1-Distill's inference prompt ends "<think>\n</think>", which its training render never holds: no
+    # trained turn passes the prefix check (the rows fail data.template), its renders spliced and held per row
+    assert spliced > 20, spliced
 
 
 LOOP = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
@@ -323,3 +323,4 @@ def test_fuzzed_reasoning_contents_on_qwen35_splice_exactly():
     taken: list = []
     check()
     assert 5 < sum(taken) < len(taken) - 5, taken  # both paths were compared
+

@@ -110,9 +110,9 @@ def test_encode_many_is_encode_row_by_row(tokenizers, name, tok_name):  # noqa: 
                 spliced += sum(1 for _, s in pairs if hasattr(s, "messages")
                                and enc.fast.splicer.splice(s, enc.render, enc.render_marked) is not None)
     assert compared > 200
-    # the opaque templates really took the spliced path; a reasoning template and a template whose
-    # inference prompt is no prefix of its training render never do
-    assert (spliced > 0) == (name not in ("thinking", "gemma-wrong-prompt"))
+    # the opaque templates really took the spliced path (a template whose inference prompt is no prefix
+    # of its training render too: its renders are spliced and held per row); a reasoning template never does
+    assert (spliced > 0) == (name != "thinking")
 
 
 # templates that branch on a content's emptiness (trimmed or not) and type
@@ -205,3 +205,46 @@ def test_a_backend_left_truncating_goes_through_the_tokenizers_own_call(tokenize
     enc.tok._tokenizer.enable_truncation(8)  # the backend's batch call would cut every row at 8 tokens
     assert enc.encode_many(pairs) == expected
     assert enc.tok._tokenizer.truncation is None  # the tokenizer's __call__ ran (and set its backend back)
+
+
+def test_turn_renders_that_are_no_prefix_are_spliced_and_held_row_by_row(tokenizers):  # noqa: F811
+    """An inference prompt ending "<think>\\n" (as DeepSeek-R1's does): with placeholder contents
+    the turn renders are no prefix of the training render, but an answer starting "<think>\\n"
+    makes them one. The skeleton splices those renders row after row and holds them as the
+    row-by-row path does: each row gets that path's spans and problems, spliced."""
+    template = LOOP + "{{ m.content }}" + END + "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
+    answers = ["Two comets.", "<think>\nTwo", "<think>\nThree", "<think>Four"]
+    rows = [Row("t.jsonl", n + 1, {"messages": [{"role": "user", "content": "How many comets?"},
+                                                {"role": "assistant", "content": answer}]})
+            for n, answer in enumerate(answers)]
+    for train_on in ("assistant", "last_assistant"):
+        enc = encoder(tokenizers["tiny"], template, "<|im_end|>", train_on, 512, False)
+        pairs = [(row, read_sample(row, "messages", train_on)[0]) for row in rows]
+        fast = enc.encode_many(pairs)
+        assert fast == [enc.encode(row, sample) for row, sample in pairs]
+        assert all(enc.fast.splicer.splice(s, enc.render, None) is not None for _, s in pairs)
+        assert ["prompt_not_prefix" in {kind for kind, _ in e.problems} for e in fast] == [True, False, False, True]
+        assert fast[1].trained_full > 0 and fast[0].trained_full == 0
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_spliced_inference_prompts_are_the_renders(tokenizers, name):  # noqa: F811
+    """``Splicer.splice_prompt``, which the fast path gives the rows it renders row by row: the
+    render of a row's first messages with the generation prompt, spliced, is that render exactly (or None)."""
+    template, eos = TEMPLATES[name]
+    enc = encoder(tokenizers["tiny"], template, eos, "assistant", 512, False)
+    if enc.fast.splicer is None:
+        return
+    spliced = 0
+    for k in range(2):
+        for data in SPLICE_ROWS:
+            row = Row("t.jsonl", 1, variants(data, k))
+            if row_problems(row, "auto", "assistant") or "messages" not in row.data:
+                continue
+            chat = read_sample(row, "auto", "assistant")[0]
+            for i in chat.trained:
+                got = enc.fast.splicer.splice_prompt(chat, i, enc.render)
+                if got is not None:
+                    spliced += 1
+                    assert got == enc.render(chat.messages[:i], True, chat.tools), (row.data, i)
+    assert spliced > 0
