@@ -174,7 +174,11 @@ class Encoder:
         """``budget``: characters to tokenize at most (default ``char_budget``; 0: the whole row,
         after a cut that proved unsafe): each longer message is cut to it before rendering, and
         the render too, so a row of megabytes costs what max_length tokens cost."""
-        rendered = self.render_chat(row, chat, budget)
+        return self.encode_rendered(row, self.render_chat(row, chat, budget))
+
+    def encode_rendered(self, row: Row, rendered) -> Encoded:
+        """``_encode_chat`` from its tokenizing on: ``rendered`` is what ``render_chat`` returned (the
+        fast path hands over the rows it rendered but does not batch, so none is rendered twice)."""
         if isinstance(rendered, Encoded):
             return rendered
         chat, text, generation, turns, problems, cut, whole = rendered

@@ -11,8 +11,8 @@ row by row (``data/encoding.py``), faster, for chat rows in three steps that bui
   are read from each token's width (``data/tiling.py``) and the backend skips making them;
   trusted for a kind of text (ASCII, other UTF-8) only once a batch's real offsets agreed.
 
-Rows none of these apply to (plain rows, chat rows of a template the splicer does not take, rows
-cut at the character budget) go through ``Encoder.encode``. tests/data/test_fast_paths.py,
+Rows none of these apply to (plain rows; rows cut at the character budget, finished from their
+render by ``Encoder.encode_rendered``) go through the row-by-row encoder. tests/data/test_fast_paths.py,
 test_tiling.py and test_skeleton.py hold every path equal to the row-by-row one.
 """
 
@@ -45,6 +45,7 @@ class _Encoder(Protocol):
     def encode(self, row: Row, sample: Optional[Sample] = None) -> Encoded: ...
     def render_chat(self, row: Row, chat: Chat, budget: Optional[int] = None,
                     prompt: Optional[Callable] = None) -> Any: ...
+    def encode_rendered(self, row: Row, rendered: Any) -> Encoded: ...
     def render(self, messages, add_generation_prompt: bool = False, tools=None) -> str: ...
     def render_marked(self, messages, tools): ...
 
@@ -109,8 +110,8 @@ class FastPaths:
         """[(index in pairs, chat, (text, generation spans, turn spans, problems))] of the chat rows,
         BATCH_ROWS at a time (the first two FIRST_BATCH_ROWS): spliced where the splicer can, else
         rendered as ``Encoder.encode`` renders them (``render_chat``). A row whose template fails gets
-        its Encoded in ``out`` here; a row its render cuts (past the character budget) is left to
-        ``Encoder.encode``."""
+        its Encoded in ``out`` here, and so does a row its render cuts (past the character budget: only
+        its start is tokenized, ``Encoder.encode_rendered``)."""
         encoder, splicer = self.encoder, self.splicer
         assert splicer is not None
         render_marked = encoder.render_marked if encoder.markers else None
@@ -134,7 +135,8 @@ class FastPaths:
                     out[k] = rendered
                     continue
                 chat, text, generation, turns, problems, cut, _ = rendered
-                if cut:
+                if cut:  # only its start is tokenized, exactly as row by row (never rendered twice)
+                    out[k] = encoder.encode_rendered(row, rendered)
                     continue
                 sample, done = chat, (text, generation, turns, problems)
             batch.append((k, sample, done))
