@@ -7,12 +7,12 @@ time), its ``overfit`` of a tiny sample and what the overfit's saved artifacts g
 afresh (``reloaded_outputs``, named ``Reloaded`` outputs: by default the engine's reload, as a
 server loads a transformers checkpoint; a trainer that saves its own way adds or replaces them),
 and its save-and-resume (``saved_run``, then ``resume`` in a fresh process, where
-``resume_here`` runs). It is handed frozen inputs, never
-the session: ``PipelineInputs`` to build its pipeline, ``RunInputs`` (the examples, the pad id,
-the base model, the scratch folder, progress) for its runs. Each result names the trainer that
-produced it (``trainer``: ``step_trainer`` below), so the checks tell a trainer's run from the
-engine's by name. ``name`` is the pipeline measurement (``pipeline = trl``), ``step_trainer``
-the step measurement (``step_trainer = trl SFTTrainer``).
+``resume_here`` runs). It is handed frozen inputs, never the session: ``PipelineInputs`` to
+build its pipeline, ``RunInputs`` (the examples, the pad id, the base model, the scratch
+folder, progress) for its runs. Each result names the trainer that produced it (``trainer``:
+``step_trainer`` below), so the checks tell a trainer's run from the engine's by name. ``name``
+is the pipeline measurement (``pipeline = trl``), ``step_trainer`` the step measurement
+(``step_trainer = trl SFTTrainer``).
 
 Pipelines here: ``Pipeline`` (the interface), ``FunctionPipeline`` (a team's own formatting
 function from the ``pytest_ftready_pipeline`` hook). Labels not made by the built-in encoder
