@@ -309,7 +309,7 @@ class Reloaded:
     (``Trainer.reloaded_outputs``); ``lifecycle.generate`` holds ``ids`` against the trained model's."""
 
     name: str  # the artifact as the failure names it ("reloaded adapter")
-    ids: tuple  # its greedy token ids
+    ids: tuple[int, ...]  # its greedy token ids
     why: str = ""  # where they differ, the likely cause, said in parentheses after the failure
 
 
