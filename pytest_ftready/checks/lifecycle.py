@@ -31,32 +31,22 @@ def resume(ctx) -> None:
 
 @check("lifecycle.generate", stage=STAGES["lifecycle"] + 1, requires=("model.overfit",))
 def generate(ctx) -> None:
-    """The saved adapter (on a fresh original base) and the merged model generate what the trained
-    model did, and stop."""
-    from ..engine.generate import reloaded_outputs
-
+    """Each saved artifact the trainer reloads (``Trainer.reloaded_outputs``: by default the adapter
+    on a fresh original base and the merged model) generates what the trained model did, and it stops."""
     state = ctx.state
     result = state.overfit
-    tok, stops = state.tokenizer, state.encoder.stop_ids
+    inputs = state.run_inputs()
+    tok, stops = state.tokenizer, inputs.stop_ids
     expected = result.greedy_ids
     ctx.measure("generated_tokens", len(expected), "tokens")
     if not expected:
         raise Fail(f"the trained model generated nothing for {result.example_where}")
-    # a trainer that saves and fuses its own way (mlx-lm) loads what it saved itself
-    outputs = (state.trainer.reloaded_outputs(ctx.recipe, result, stops)
-               if result.trainer == state.trainer.step_trainer else None)
-    if outputs is None:
-        outputs = reloaded_outputs(ctx.recipe, result.adapter_dir, result.prompt_ids, stops, tok.pad_token_id,
-                                   ctx.torch_device(), state.scratch / "merged-model", trained_ids=expected)
-    for name, ids in outputs.items():
-        if ids != expected:
-            raise Fail(f"the reloaded {name} generates {tok.decode(ids)!r} but the in-memory model generated "
-                       f"{tok.decode(expected)!r}: the saved artifact is not the trained model"
-                       + (" (was the adapter merged before saving?)" if name == "merged" else ""))
-    for name, ids, why in result.saved_outputs:  # the trainer's own saves (Unsloth's reload and merge)
-        if list(ids) != list(expected):
-            raise Fail(f"{result.trainer}: the {name} generates {tok.decode(list(ids))!r} but the trained model "
-                       f"generated {tok.decode(expected)!r}: the saved artifact is not the trained model{why}")
+    trainer = result.trainer or state.trainer.step_trainer
+    for output in state.trainer.reloaded_outputs(inputs, result):  # the trainer's saves, loaded its way
+        if list(output.ids) != list(expected):
+            raise Fail(f"{trainer}: the {output.name} generates {tok.decode(list(output.ids))!r} but the in-memory "
+                       f"trained model generated {tok.decode(expected)!r}: the saved artifact is not the trained model"
+                       + (f" ({output.why})" if output.why else ""))
     if expected[-1] not in stops:
         # a template ignoring add_generation_prompt leaves the assistant header out of the prompt: the
         # model writes it first and runs on; that, not the stop token, is the cause (issue 47)

@@ -27,9 +27,6 @@ class OverfitResult:
     target_loss: float = 0.0
     learning_rate: float = 0.0
     trainer: str = ""  # whose overfit this is (a trainer's step_trainer)
-    # what the trainer's own saves generate (name, greedy ids, why they may differ), judged by
-    # lifecycle.generate beside the engine's reload: Unsloth's reloaded adapter and merged model
-    saved_outputs: tuple[tuple[str, tuple[int, ...], str], ...] = ()
 
 
 # Steps an overfit takes at least: the first loss is the model's before any update, and after one

@@ -11,9 +11,10 @@ mlx-lm on Apple's MLX (its CPU backend on Linux). ``worker`` is the
 fresh process of every trainer's resume.
 
 Adding a trainer: one module with its class (on ``hf.HFTrainer`` where it builds a
-``transformers.Trainer``) and a row in ``TRAINERS``. A trainer's config is read once, by
-``recipe/importers/`` (the recipe is read before any trainer runs), and its translation
-(``recipe.origin``) says what of it the trainer's own run is handed.
+``transformers.Trainer``) and a row in ``TRAINERS``; it overrides ``reloaded_outputs`` only where
+it saves what it trained its own way (Unsloth's merge, mlx-lm's fuse). A trainer's config is
+read once, by ``recipe/importers/`` (the recipe is read before any trainer runs), and its
+translation (``recipe.origin``) says what of it the trainer's own run is handed.
 
 Imports the recipe, the data path, the engine and the machine; never the session, the checks
 or pytest. No trainer package is imported until its work runs."""

@@ -3,13 +3,16 @@ no trainer's own.
 
 A ``Trainer`` answers what the session asks of the run the team will launch: its ``pipeline``
 (rows -> training examples, judged by the data checks), its worst-case ``step`` (peak memory,
-time), its ``overfit`` of a tiny sample, and its save-and-resume (``saved_run``, then
-``resume`` in a fresh process, where ``resume_here`` runs). It is handed frozen inputs, never
-the session: ``PipelineInputs`` to build its pipeline, ``RunInputs`` (the examples, the pad id,
-the base model, the scratch folder, progress) for its runs. Each result names the trainer that
-produced it (``trainer``: ``step_trainer`` below), so the checks tell a trainer's run from the
-engine's by name. ``name`` is the pipeline measurement (``pipeline = trl``), ``step_trainer``
-the step measurement (``step_trainer = trl SFTTrainer``).
+time), its ``overfit`` of a tiny sample and what the overfit's saved artifacts generate loaded
+afresh (``reloaded_outputs``, named ``Reloaded`` outputs: by default the engine's reload, as a
+server loads a transformers checkpoint; a trainer that saves its own way adds or replaces them),
+and its save-and-resume (``saved_run``, then ``resume`` in a fresh process, where
+``resume_here`` runs). It is handed frozen inputs, never the session: ``PipelineInputs`` to
+build its pipeline, ``RunInputs`` (the examples, the pad id, the base model, the scratch
+folder, progress) for its runs. Each result names the trainer that produced it (``trainer``:
+``step_trainer`` below), so the checks tell a trainer's run from the engine's by name. ``name``
+is the pipeline measurement (``pipeline = trl``), ``step_trainer`` the step measurement
+(``step_trainer = trl SFTTrainer``).
 
 Pipelines here: ``Pipeline`` (the interface), ``FunctionPipeline`` (a team's own formatting
 function from the ``pytest_ftready_pipeline`` hook). Labels not made by the built-in encoder
@@ -301,6 +304,26 @@ class ResumeRun:
 
 
 @dataclass(frozen=True)
+class Reloaded:
+    """What one saved artifact of an overfit, loaded afresh, generates greedily for its prompt
+    (``Trainer.reloaded_outputs``); ``lifecycle.generate`` holds ``ids`` against the trained model's."""
+
+    name: str  # the artifact as the failure names it ("reloaded adapter")
+    ids: tuple[int, ...]  # its greedy token ids
+    why: str = ""  # where they differ, the likely cause, said in parentheses after the failure
+
+
+# The likely cause where a reloaded merged model generates otherwise than the trained one.
+UNMERGED = "was the adapter merged before saving?"
+
+
+def reloaded(outputs: dict) -> list[Reloaded]:
+    """A reload's {"adapter": ids, "merged": ids} (the engine's, mlx-lm's) as named outputs."""
+    return [Reloaded(f"reloaded {name}", tuple(ids), UNMERGED if name == "merged" else "")
+            for name, ids in outputs.items()]
+
+
+@dataclass(frozen=True)
 class ResumeRequest:
     """What the fresh process of a resume is told (``worker``)."""
 
@@ -357,11 +380,18 @@ class Trainer:
         """The overfit of the first ``overfit_examples`` (engine.overfit.OverfitResult)."""
         raise NotImplementedError
 
-    def reloaded_outputs(self, recipe, result, stops: frozenset) -> Optional[dict]:
-        """``lifecycle.generate`` on this trainer's own overfit: what its saved artifacts generate
-        ({name: ids}), loaded its own way (mlx-lm's load and fuse); None where they are loaded as a
-        server loads a transformers checkpoint (``engine.generate.reloaded_outputs``)."""
-        return None
+    def reloaded_outputs(self, inputs: RunInputs, result) -> list[Reloaded]:
+        """``lifecycle.generate`` on this trainer's own overfit ``result`` (engine.overfit.OverfitResult):
+        what each of its saved artifacts, loaded afresh, generates for the overfit's prompt. By
+        default as a server loads a transformers checkpoint (``engine.generate.reloaded_outputs``:
+        the adapter on a fresh original base, and the merged model); a trainer that saves its own
+        way adds or replaces them (Unsloth's reload and ``save_pretrained_merged``, mlx-lm's load
+        and fuse)."""
+        from ..engine.generate import reloaded_outputs
+
+        return reloaded(reloaded_outputs(inputs.recipe, result.adapter_dir, result.prompt_ids, inputs.stop_ids,
+                                         inputs.pad_id, inputs.torch_device, inputs.scratch / "merged-model",
+                                         trained_ids=result.greedy_ids))
 
     def saved_run(self, inputs: RunInputs) -> SavedRun:  # pragma: no cover - interface
         """The straight run and the checkpoint at its half."""

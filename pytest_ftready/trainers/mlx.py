@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
 from ..outcomes import Fail, Skip
-from .base import (FunctionPipeline, Pipeline, PipelineInputs, ResumeRequest, RunInputs, RunRows, SavedRun, StepLog,
-                   Trainer, worst_case_examples)
+from .base import (FunctionPipeline, Pipeline, PipelineInputs, Reloaded, ResumeRequest, RunInputs, RunRows, SavedRun,
+                   StepLog, Trainer, reloaded, worst_case_examples)
 
 STEP_TRAINER = "mlx-lm tuner.trainer"
 INSTALL = 'pip install "mlx[cpu]" "mlx-lm[cpu]" (Linux: MLX\'s CPU backend) or pip install mlx-lm (a Mac)'
@@ -403,9 +403,11 @@ class MlxTrainer(Trainer):
         return forecast_folder(Path(model_source(inputs.recipe)), args, len(examples),
                                max(len(e.input_ids) for e in examples))
 
-    def reloaded_outputs(self, recipe, result, stops: frozenset) -> dict:
+    def reloaded_outputs(self, inputs: RunInputs, result) -> list[Reloaded]:
         """``lifecycle.generate``: the saved adapters on a freshly loaded base (mlx-lm's
-        ``load(adapter_path=...)``) and the model ``mlx_lm fuse`` writes, each generating greedily."""
+        ``load(adapter_path=...)``) and the model ``mlx_lm fuse`` writes, each generating greedily
+        (never torch's reload: mlx-lm saves and fuses its own way)."""
+        recipe = inputs.recipe
         fused = Path(result.adapter_dir).parent / "mlx-fused"
         fuse(model_source(recipe), result.adapter_dir, fused)
         out = {}
@@ -413,8 +415,8 @@ class MlxTrainer(Trainer):
                                      ("merged", str(fused), {})):
             model, _ = load(recipe, source, **kwargs)
             with quiet():
-                out[name] = greedy(model, result.prompt_ids, stops, recipe.checks.max_new_tokens)
-        return out
+                out[name] = greedy(model, result.prompt_ids, inputs.stop_ids, recipe.checks.max_new_tokens)
+        return reloaded(out)
 
     def export(self, recipe, result, folder: Path) -> dict:
         """``lifecycle.mlx_export`` (``run_export``)."""

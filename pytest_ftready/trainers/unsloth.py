@@ -5,9 +5,10 @@ loaded by ``FastLanguageModel.from_pretrained`` (the recipe's dtype, 4-bit, ``ma
 ``unsloth.chat_templates.get_chat_template`` where ``[unsloth] chat_template`` names one, every
 row rendered to a ``text`` column, an ``SFTTrainer`` over it, and the labels made by
 ``unsloth.chat_templates.train_on_responses_only`` with the recipe's instruction and response
-parts. Step, overfit, save-and-resume are that Trainer's (``hf.HFTrainer``); the overfit also
-saves the merged 16-bit model with Unsloth's ``save_pretrained_merged`` and reloads it with
-``FastLanguageModel.from_pretrained`` to generate.
+parts. Step, overfit, save-and-resume are that Trainer's (``hf.HFTrainer``); what the overfit
+saved is reloaded for ``lifecycle.generate`` as a server loads it (the base class's
+``reloaded_outputs``) and as Unsloth does: the adapter by ``FastLanguageModel.from_pretrained``,
+and the merged 16-bit model Unsloth's ``save_pretrained_merged`` writes, reloaded by it too.
 
 The pipeline (``data.masking``) is the same text through TRL's own tokenization (Unsloth trains
 with TRL's SFTTrainer) and Unsloth's own masking function, each row's labels then verified
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import difflib
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -31,7 +31,7 @@ from ..data.rows import Row
 from ..data.verify import IGNORE_INDEX, judge_labels
 from ..outcomes import Fail, Skip
 from . import hf
-from .base import Bounds, Pipeline, PipelineInputs, RunInputs, RunRows
+from .base import Bounds, Pipeline, PipelineInputs, Reloaded, RunInputs, RunRows
 
 INSTALL = ("pip install unsloth in an environment of its own (CPU: torch==2.13.0, then pip uninstall -y "
            "torchvision; UNSLOTH_FORCE_CPU=1 without a GPU)")
@@ -267,19 +267,19 @@ class UnslothTrainer(hf.HFTrainer):
                     datasets.enable_progress_bar()
         yield hf.Built(hf.quiet(trainer, callbacks), model)
 
-    def overfit(self, inputs: RunInputs):
-        """The overfit of ``hf.HFTrainer``, then Unsloth's own save of what it trained: the adapter
-        reloaded by ``FastLanguageModel.from_pretrained`` and the merged 16-bit model written by
-        ``save_pretrained_merged``, their answers kept for lifecycle.generate to judge."""
-        result = super().overfit(inputs)
-        if inputs.recipe.adapter.method == "lora" and result.greedy_ids:
-            result = dataclasses.replace(result, saved_outputs=saved_outputs(inputs, result))
-        return result
+    def reloaded_outputs(self, inputs: RunInputs, result) -> list[Reloaded]:
+        """``lifecycle.generate``: the engine's reload (the adapter on a fresh original base, as a
+        server loads it, and merged), then Unsloth's own save of what it trained (``unsloth_reloaded``)."""
+        outputs = super().reloaded_outputs(inputs, result)
+        if inputs.recipe.adapter.method != "lora":
+            return outputs
+        return [*outputs, *unsloth_reloaded(inputs, result)]
 
 
-def saved_outputs(inputs: RunInputs, result) -> tuple[tuple[str, tuple[int, ...], str], ...]:
-    """What Unsloth's reloaded adapter and its ``save_pretrained_merged`` (merged_16bit) model generate
-    for the overfit's prompt: (name, ids, why a difference may come), for lifecycle.generate."""
+def unsloth_reloaded(inputs: RunInputs, result) -> list[Reloaded]:
+    """What Unsloth's own saves of the overfit generate for its prompt: the adapter reloaded by
+    ``FastLanguageModel.from_pretrained``, and the merged_16bit model ``save_pretrained_merged``
+    writes, reloaded by it too (its ``why``: the dtype it wrote, where that is not the run's)."""
     import json
 
     from ..engine.generate import greedy
@@ -289,8 +289,8 @@ def saved_outputs(inputs: RunInputs, result) -> tuple[tuple[str, tuple[int, ...]
     FastLanguageModel, _, _ = unsloth_api()
     adapter, tokenizer = load(recipe, str(result.adapter_dir))
     FastLanguageModel.for_inference(adapter)
-    outputs = {"adapter reloaded by FastLanguageModel.from_pretrained": greedy(
-        adapter, result.prompt_ids, n, inputs.stop_ids, inputs.pad_id, inputs.torch_device)}
+    outputs = [Reloaded("adapter reloaded by FastLanguageModel.from_pretrained", tuple(greedy(
+        adapter, result.prompt_ids, n, inputs.stop_ids, inputs.pad_id, inputs.torch_device)))]
     merged_dir = ensure_private_dir(Path(inputs.scratch) / "unsloth-merged-16bit")
     with hf.trainer_warnings(), contextlib.redirect_stdout(None):
         adapter.save_pretrained_merged(str(merged_dir), tokenizer, save_method="merged_16bit")
@@ -298,8 +298,8 @@ def saved_outputs(inputs: RunInputs, result) -> tuple[tuple[str, tuple[int, ...]
     config = json.loads((merged_dir / "config.json").read_text(encoding="utf-8"))
     saved_dtype = str(config.get("dtype") or config.get("torch_dtype") or recipe.model.dtype)
     merged, _ = load(recipe, str(merged_dir))
-    outputs["merged_16bit model (save_pretrained_merged)"] = greedy(
-        merged, result.prompt_ids, n, inputs.stop_ids, inputs.pad_id, inputs.torch_device)
-    merged_why = (f" (save_pretrained_merged wrote {saved_dtype} weights; the run trained in {recipe.model.dtype}: "
-                  "ship the adapter, or train in the dtype you merge to)" if saved_dtype != recipe.model.dtype else "")
-    return tuple((what, tuple(ids), merged_why if "merged" in what else "") for what, ids in outputs.items())
+    why = (f"save_pretrained_merged wrote {saved_dtype} weights; the run trained in {recipe.model.dtype}: ship the "
+           "adapter, or train in the dtype you merge to" if saved_dtype != recipe.model.dtype else "")
+    outputs.append(Reloaded("merged_16bit model (save_pretrained_merged)", tuple(greedy(
+        merged, result.prompt_ids, n, inputs.stop_ids, inputs.pad_id, inputs.torch_device)), why))
+    return outputs

@@ -69,8 +69,31 @@ def test_merged_model_saved_without_the_adapter_fails_generate(make_state, monke
     state = make_state()
     run_check(state, "model.overfit")
     monkeypatch.setattr(generate, "merge_and_save", lambda peft_model, folder: peft_model.unload().save_pretrained(folder))
-    with pytest.raises(Fail, match=r"the reloaded merged generates .* \(was the adapter merged before saving\?\)"):
+    with pytest.raises(Fail, match=r"^pytest-ftready engine: the reloaded merged generates .* but the in-memory trained "
+                       r"model generated .*: the saved artifact is not the trained model "
+                       r"\(was the adapter merged before saving\?\)$"):
         run_check(state, "lifecycle.generate")
+
+
+def test_a_trainers_own_reload_is_judged_after_the_engines_naming_its_cause(make_state, monkeypatch, run_check):
+    """Trainer.reloaded_outputs is the one way a trainer's saves reach lifecycle.generate (Unsloth adds
+    its own reload and merge to the engine's): each is held against the trained model, its cause said."""
+    from pytest_ftready.trainers.base import Reloaded
+
+    state = make_state()
+    run_check(state, "model.overfit")
+    engines, judged = state.trainer.reloaded_outputs, []
+
+    def own(inputs, result):
+        judged.extend(engines(inputs, result))
+        return [*judged, Reloaded("merged model (its own save)", (5,), "it saved float16 weights")]
+
+    monkeypatch.setattr(state.trainer, "reloaded_outputs", own)
+    with pytest.raises(Fail) as info:
+        run_check(state, "lifecycle.generate")
+    assert [output.name for output in judged] == ["reloaded adapter", "reloaded merged"]  # the engine's, passed
+    assert str(info.value).startswith("pytest-ftready engine: the merged model (its own save) generates ")
+    assert str(info.value).endswith("the saved artifact is not the trained model (it saved float16 weights)")
 
 
 @pytest.fixture

@@ -81,11 +81,15 @@ def test_the_step_is_unsloths_trainer_beside_the_engines(unsloth_state, run_chec
     assert 0 < got["step_tokens"] <= got["engine_step_tokens"] == 4 * 128
 
 
-def test_unsloths_overfit_reaches_the_threshold_and_its_saves_generate_the_same(unsloth_state, run_check):
+def test_unsloths_overfit_reaches_the_threshold_and_its_saves_generate_the_same(unsloth_state, run_check,
+                                                                               monkeypatch):
+    trainer, judged = unsloth_state.trainer, []
+    reloaded = trainer.reloaded_outputs
+    monkeypatch.setattr(trainer, "reloaded_outputs", lambda *args: judged.extend(reloaded(*args)) or judged)
     assert_own_overfit(unsloth_state, run_check, "unsloth SFTTrainer")  # then lifecycle.generate from the adapter
-    names = [name for name, _, _ in unsloth_state.overfit.saved_outputs]  # judged by lifecycle.generate
-    assert names == ["adapter reloaded by FastLanguageModel.from_pretrained",
-                     "merged_16bit model (save_pretrained_merged)"]
+    assert [output.name for output in judged] == [  # what lifecycle.generate judged: the engine's reload, Unsloth's
+        "reloaded adapter", "reloaded merged", "adapter reloaded by FastLanguageModel.from_pretrained",
+        "merged_16bit model (save_pretrained_merged)"]
     merged = unsloth_state.scratch / "unsloth-merged-16bit"  # save_pretrained_merged's model, reloaded by Unsloth
     assert json.loads((merged / "config.json").read_text())["dtype"] in ("bfloat16", "float16")
 
