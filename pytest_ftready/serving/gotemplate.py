@@ -653,18 +653,41 @@ class _Continue(Exception):
     pass
 
 
+# A chat prompt is far shorter than these: a TEMPLATE past them (a range over a huge number, nesting
+# deeper than Python's stack) is refused, never left to hang or crash the run.
+MAX_OUTPUT_CHARS = 4_000_000
+MAX_STEPS = 1_000_000  # statements executed and range iterations
+
+
 class Template:
     """A parsed template: ``Template(text).execute(data)`` is Go's ``Execute`` of it."""
 
     def __init__(self, text: str, nodes: Optional[list] = None):
         self.text = text
-        self.nodes = _Parser(text).parse() if nodes is None else nodes
+        try:
+            self.nodes = _Parser(text).parse() if nodes is None else nodes
+        except RecursionError:
+            raise TemplateError("the template nests actions or parentheses deeper than can be followed") from None
 
     def execute(self, data) -> str:
         out: list = []
         self._vars: list = [["$", data]]
-        self._list(self.nodes, data, out)
+        self._steps = self._chars = 0
+        try:
+            self._list(self.nodes, data, out)
+        except RecursionError:
+            raise TemplateError("the template nests actions deeper than can be executed") from None
         return "".join(out)
+
+    def _step(self, out: list, text: str = "") -> None:
+        """Count one statement or iteration and the characters written; refuse past the limits."""
+        self._steps += 1
+        self._chars += len(text)
+        if self._steps > MAX_STEPS or self._chars > MAX_OUTPUT_CHARS:
+            raise TemplateError(f"the template runs past {MAX_STEPS:,} steps or writes more than "
+                                f"{MAX_OUTPUT_CHARS:,} characters for one prompt (a range over a huge value?)")
+        if text:
+            out.append(text)
 
     def identifiers(self) -> set:
         """The lower-cased field and variable names the template mentions (Ollama's ``Vars``)."""
@@ -676,11 +699,10 @@ class Template:
     def _list(self, nodes: list, dot, out: list) -> None:
         for node in nodes:
             if isinstance(node, Text):
-                out.append(node.text)
+                self._step(out, node.text)
             elif isinstance(node, Action):
                 value = self._pipe(node.pipe, dot)
-                if not node.pipe.decl:
-                    out.append("<no value>" if value is None else sprint_value(value))
+                self._step(out, "" if node.pipe.decl else "<no value>" if value is None else sprint_value(value))
             elif isinstance(node, Branch):
                 self._branch(node, dot, out)
             elif isinstance(node, Jump):
@@ -703,17 +725,19 @@ class Template:
     def _range(self, node: Branch, dot, out: list) -> None:
         decl = node.pipe.decl
         value = self._pipe(Pipe([], False, node.pipe.cmds, node.pipe.pos), dot)
+        pairs: Any
         if isinstance(value, list):
-            pairs = list(enumerate(value))
+            pairs, empty = enumerate(value), not value
         elif isinstance(value, dict):
-            pairs = [(k, value[k]) for k in sorted(value)]
+            pairs, empty = [(k, value[k]) for k in sorted(value)], not value
         elif isinstance(value, int) and not isinstance(value, bool):
-            pairs = [(k, k) for k in range(value)]
+            pairs, empty = ((k, k) for k in range(value)), value <= 0
         elif value is None:
-            pairs = []
+            pairs, empty = (), True
         else:
             raise TemplateError(f"{node.pos}: range can't iterate over {_type(value)} {sprint_value(value)}")
         for key, element in pairs:
+            self._step(out)
             mark = len(self._vars)
             if len(decl) == 1:
                 self._vars.append([decl[0], element])
@@ -727,7 +751,7 @@ class Template:
                 break
             finally:
                 del self._vars[mark:]
-        if not pairs and node.orelse is not None:
+        if empty and node.orelse is not None:
             self._list(node.orelse, dot, out)
 
     # expressions

@@ -121,6 +121,20 @@ def test_what_go_refuses_when_executing_is_refused(text, data, says):
     assert says in str(info.value)
 
 
+@pytest.mark.parametrize("text, says", [
+    ("{{ range 100000000 }}x{{ end }}", "runs past 1,000,000 steps or writes more than 4,000,000 characters"),
+    ("{{ range 1000000000 }}{{ end }}", "runs past 1,000,000 steps"),
+    ("{{" + "(" * 3000 + "1" + ")" * 3000 + "}}", "nests actions or parentheses deeper than can be followed"),
+    ("{{ if 1 }}" * 3000 + "x" + "{{ end }}" * 3000, "nests actions or parentheses deeper than can be followed"),
+])
+def test_a_hostile_template_is_refused_not_left_to_hang_or_crash(text, says):
+    """A Modelfile is user input: a range over a huge number or nesting past Python's stack is a
+    TemplateError (the check fails naming it), never a hang, a MemoryError or a RecursionError."""
+    with pytest.raises(TemplateError) as info:
+        Template(text).execute({})
+    assert says in str(info.value)
+
+
 def test_legacy_template_runs_once_per_turn_and_the_last_is_cut_after_response():
     legacy = Template("{{ if .System }}S:{{ .System }}\n{{ end }}U:{{ .Prompt }}\nA:{{ .Response }}|\n")
     assert modelfile.ollama_prompt(legacy, [SYSTEM, HELLO, GREAT, SHOW]) == (
