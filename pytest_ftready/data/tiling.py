@@ -52,10 +52,18 @@ class SentencePiece:
     first ``▁`` is the prepended one (NO_WIDTH for a piece not starting with ``▁``); ``added``:
     the ids of the added tokens, which end a stretch."""
 
-    __slots__ = ("scheme", "lead", "added")
+    __slots__ = ("scheme", "lead", "added", "_array")
 
     def __init__(self, scheme: str, lead: list[int], added: bytes) -> None:
-        self.scheme, self.lead, self.added = scheme, lead, added
+        self.scheme, self.lead, self.added, self._array = scheme, lead, added, None
+
+    def array(self):
+        """``lead`` as a numpy array (made when first asked for)."""
+        if self._array is None:
+            import numpy
+
+            self._array = numpy.array(self.lead, dtype=numpy.int64)
+        return self._array
 
     def starts(self, text: str, ids: list[int]) -> list[int]:
         """The tokens of ``ids`` (of ``text``) that start with the prepended ``▁``: those that
@@ -206,7 +214,7 @@ def columns(table: Optional[Widths], text: str, ids: list[int],
         return None
     sizes = array[index]
     if starts:
-        sizes[starts] = numpy.array(pieces.lead, dtype=numpy.int64)[index[starts]]  # type: ignore[union-attr]
+        sizes[starts] = pieces.array()[index[starts]]  # type: ignore[union-attr]
     last = numpy.cumsum(sizes) - 1  # each token's last byte
     if last[-1] != len(data) - 1:
         return None
