@@ -33,7 +33,6 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
-import re
 import unicodedata
 from typing import Optional
 
@@ -43,7 +42,6 @@ ASCII, UTF8 = "ascii", "utf-8"  # the kinds of text read from widths, each check
 SPLITS = frozenset({"Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"})  # never drop characters
 PROCESSORS = frozenset({"TemplateProcessing", "BertProcessing"})  # add tokens, move no offset
 METASPACE = "\u2581"  # ▁: a SentencePiece-style vocabulary's space
-_STRETCH_START = re.compile(rb"(?:^|(?<=\x01))\x00")  # a token that is no added one, after one or first
 
 
 class SentencePiece:
@@ -54,7 +52,7 @@ class SentencePiece:
 
     __slots__ = ("scheme", "lead", "added", "_array")
 
-    def __init__(self, scheme: str, lead: list[int], added: bytes) -> None:
+    def __init__(self, scheme: str, lead: list[int], added: frozenset[int]) -> None:
         self.scheme, self.lead, self.added, self._array = scheme, lead, added, None
 
     def array(self):
@@ -67,14 +65,16 @@ class SentencePiece:
 
     def starts(self, text: str, ids: list[int]) -> list[int]:
         """The tokens of ``ids`` (of ``text``) that start with the prepended ``▁``: those that
-        are no added token and follow one or start the text. Raises IndexError for an id beyond
-        the vocabulary."""
+        are no added token and follow one or start the text."""
+        added = self.added
         if self.scheme == "never" or not ids:
             return []
         if self.scheme == "first":  # Metaspace's: the text's start, when it is no added token nor a space
-            return [0] if not self.added[ids[0]] and not text.startswith(" ") else []
-        flags = bytes(map(self.added.__getitem__, ids))  # one byte a token: 1 for an added token
-        return [m.start() for m in _STRETCH_START.finditer(flags)]
+            return [0] if ids[0] not in added and not text.startswith(" ") else []
+        after = [n + 1 for n, token in enumerate(ids) if token in added]
+        out = [0] if ids[0] not in added else []
+        out += [n for n in after if n < len(ids) and ids[n] not in added]
+        return out
 
 
 class Widths:
@@ -164,7 +164,7 @@ def widths(backend) -> Optional[Widths]:
         table[vocab[unknown]] = NO_WIDTH
         if lead:
             lead[vocab[unknown]] = NO_WIDTH
-    pieces = None if spm is None else SentencePiece(spm, lead, bytes(index in added for index in range(len(table))))
+    pieces = None if spm is None else SentencePiece(spm, lead, frozenset(added))
     return Widths(table, forms, pieces)
 
 
@@ -179,10 +179,7 @@ def columns(table: Optional[Widths], text: str, ids: list[int],
     if kind is None:
         kind = table.kind(text)
     pieces = table.pieces
-    try:
-        starts = pieces.starts(text, ids) if pieces is not None and kind is not None else []
-    except IndexError:  # an id beyond the vocabulary
-        return None
+    starts = pieces.starts(text, ids) if pieces is not None and kind is not None else []
     if kind == ASCII:
         try:
             sizes = list(map(table.table.__getitem__, ids))
