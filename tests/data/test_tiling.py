@@ -1,6 +1,7 @@
-"""Tokenizations that tile their text (data/tiling.py): which pipelines are read as byte-level
-(and which are refused, with a text that shows why), the claim against the offsets themselves on
-fuzzed texts, the encoder's results equal with and without it, and the first batch's check."""
+"""Tokenizations that tile their text (data/tiling.py): which pipelines are read as byte-level or
+SentencePiece-style (and which are refused, with a text that shows why), the claim against the
+offsets themselves on fuzzed texts, the encoder's results equal with and without it, and the
+first batch's check (a planted SentencePiece case included)."""
 
 from __future__ import annotations
 
