@@ -30,6 +30,8 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
 # unusable, named with this limit, and never rendered (its per-turn checks would cost without end)
 MAX_MESSAGES = 10_000
 TRAIN_FLAGS = ("weight", "training")  # OpenAI: weight 0|1; Axolotl: training true|false
+_FLAGS = frozenset(TRAIN_FLAGS)
+_NOT_KEPT = frozenset((*TRAIN_FLAGS, "from", "value"))  # a message's keys its turn does not keep
 
 
 @dataclass(frozen=True)
@@ -279,19 +281,21 @@ def _message_turns(items: Any, field: str, problems: list[str], role_of=None) ->
         else:
             role, content = role_of(message, label)
         # None stands for "absent": datasets fills every key some row sets (tool_calls, weight) into all rows
-        out = {k: v for k, v in message.items() if v is not None and k not in (*TRAIN_FLAGS, "from", "value")}
+        out = {k: v for k, v in message.items() if v is not None and k not in _NOT_KEPT}
         out["role"] = role
         if content is not None:  # a tool-call turn may have none; the template decides how to show that
             out["content"] = content
-        tool_call = role == "assistant" and bool(message.get("tool_calls"))
         if "tool_calls" in message and not isinstance(message["tool_calls"], (list, type(None))):
             problems.append(f"{label}.tool_calls must be a list")
-        if not (tool_call or _content_ok(content)):
+        if isinstance(content, str) and content.strip():  # the common case: a non-empty string
+            pass
+        elif not ((role == "assistant" and bool(message.get("tool_calls"))) or _content_ok(content)):
             problems.append(f"{label} ({role}) " + (_shape_problem(content) or "has empty content") + " (a string, "
                             "or a list of {\"type\": \"text\", \"text\": ...} parts)")
         elif _content_ok(content) and isinstance(content, list) and (found := _parts_problem(content, label, role)):
             problems.append(found)
-        turns.append(_Turn(out, label, *_flag(message, label, problems)))
+        flags = (None, None) if _FLAGS.isdisjoint(message) else _flag(message, label, problems)
+        turns.append(_Turn(out, label, *flags))
     return turns
 
 

@@ -693,16 +693,20 @@ def structure(chat, needles: frozenset = frozenset()) -> Optional[tuple]:
             return None
         if OPEN in content or CLOSE in content or PAD in content:
             return None
-        if any(_edged(content, needle[1]) if isinstance(needle, tuple) else needle in content for needle in needles):
+        if needles and any(_edged(content, needle[1]) if isinstance(needle, tuple) else needle in content
+                           for needle in needles):
             return None
         fields = tuple((k, v) for k, v in m.items() if k != "content")
         kept: Optional[str | tuple] = fields  # the fields, or their JSON where some value is not a string
-        if not all(isinstance(v, str) for _, v in fields):
+        values = [v for _, v in fields]
+        if not all(isinstance(v, str) for v in values):
             kept = _dumped(fields)
             if kept is None:
                 return None
-        elif any(mark in v for _, v in fields for mark in MARKS):
-            return None
+        else:
+            joined = "".join(values)  # a mark in one of them is a mark in their join (the marks are one character)
+            if OPEN in joined or CLOSE in joined or PAD in joined:
+                return None
         parts.append((kept, bool(content)))
     tools = _dumped(chat.tools) if chat.tools else ""
     if tools is None:

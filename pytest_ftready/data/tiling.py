@@ -11,9 +11,19 @@ splits that drop no character; BPE without dropout, affixes or byte fallback; no
 that trims offsets) and a text's tokens' widths sum to its length in bytes, each token's start
 and end are read from the running sums of the widths (``columns``): the encoder asks the
 backend for no offset at all (``encode_batch_fast``), and finds the tokens of a character span
-by bisection. Everything else, and the first batches of every encoder as a check of this
-reasoning (the columns against the offsets themselves, ASCII and other texts each), goes
-through the offsets.
+by bisection.
+
+A SentencePiece-style BPE (Llama 2, Mistral, Phi-3, Gemma...) writes a space as ``▁`` and
+prepends one ``▁`` to each stretch of text between added tokens (a ``Prepend`` normalizer before
+a ``Replace`` of spaces) or to the text's start only (a ``Metaspace`` pre-tokenizer, prepend
+scheme "first", not before a space): a piece's width is its UTF-8 bytes, a ``▁`` one byte, a
+byte-fallback token ``<0xXX>`` one byte, and a stretch's first token starts with the prepended
+``▁``, of no byte; alone, that token holds the stretch's first character as the backend's
+offsets say (``SentencePiece``). A text holding ``▁`` (a space once replaced) or ``<0x`` (a
+piece's text) is not read from widths.
+
+Everything else, and the first batches of every encoder as a check of this reasoning (the
+columns against the offsets themselves, ASCII and other texts each), goes through the offsets.
 
 Imports nothing of the package; no torch (numpy, for texts that are not ASCII).
 """
@@ -31,17 +41,53 @@ NORMALIZERS = frozenset({"NFC", "NFD", "NFKC", "NFKD"})  # the identity on a tex
 ASCII, UTF8 = "ascii", "utf-8"  # the kinds of text read from widths, each checked against real offsets
 SPLITS = frozenset({"Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"})  # never drop characters
 PROCESSORS = frozenset({"TemplateProcessing", "BertProcessing"})  # add tokens, move no offset
+METASPACE = "\u2581"  # ▁: a SentencePiece-style vocabulary's space
+
+
+class SentencePiece:
+    """How a SentencePiece-style pipeline prepends its ``▁`` (``scheme``): to every stretch between
+    added tokens ("each"), to the text's start ("first") or never ("never"); ``lead``: each id's width when its
+    first ``▁`` is the prepended one (NO_WIDTH for a piece not starting with ``▁``); ``added``:
+    the ids of the added tokens, which end a stretch."""
+
+    __slots__ = ("scheme", "lead", "added", "_array")
+
+    def __init__(self, scheme: str, lead: list[int], added: frozenset[int]) -> None:
+        self.scheme, self.lead, self.added, self._array = scheme, lead, added, None
+
+    def array(self):
+        """``lead`` as a numpy array (made when first asked for)."""
+        if self._array is None:
+            import numpy
+
+            self._array = numpy.array(self.lead, dtype=numpy.int64)
+        return self._array
+
+    def starts(self, text: str, ids: list[int]) -> list[int]:
+        """The tokens of ``ids`` (of ``text``) that start with the prepended ``▁``: those that
+        are no added token and follow one or start the text."""
+        added = self.added
+        if self.scheme == "never" or not ids:
+            return []
+        if self.scheme == "first":  # Metaspace's: the text's start, when it is no added token nor a space
+            return [0] if ids[0] not in added and not text.startswith(" ") else []
+        after = [n + 1 for n, token in enumerate(ids) if token in added]
+        out = [0] if ids[0] not in added else []
+        out += [n for n in after if n < len(ids) and ids[n] not in added]
+        return out
 
 
 class Widths:
     """Each token id's width in UTF-8 bytes (``table``; NO_WIDTH where it has none that is
-    fixed), and the Unicode forms the tokenizer's normalizer applies (``forms``): a text in all
-    of them is what the tokenizer tokenizes."""
+    fixed), the Unicode forms the tokenizer's normalizer applies (``forms``): a text in all
+    of them is what the tokenizer tokenizes, and for a SentencePiece-style pipeline how it
+    prepends its ``▁`` (``pieces``)."""
 
-    __slots__ = ("table", "forms", "_array")
+    __slots__ = ("table", "forms", "pieces", "_array")
 
-    def __init__(self, table: list[int], forms: tuple[str, ...] = ()) -> None:
-        self.table, self.forms, self._array = table, forms, None
+    def __init__(self, table: list[int], forms: tuple[str, ...] = (),
+                 pieces: Optional[SentencePiece] = None) -> None:
+        self.table, self.forms, self.pieces, self._array = table, forms, pieces, None
 
     def array(self):
         """``table`` as a numpy array (made when first asked for)."""
@@ -54,6 +100,10 @@ class Widths:
     def kind(self, text: str) -> Optional[str]:
         """ASCII or UTF8 when the tokens of ``text`` may tile it, None when they cannot (the
         normalizer would change it)."""
+        if self.pieces is not None:  # a "▁" is read as a space; "<0x" may be a byte token's text
+            if "<0x" in text:
+                return None
+            return ASCII if text.isascii() else (None if "\u2581" in text else UTF8)
         if text.isascii():
             return ASCII
         return UTF8 if all(unicodedata.is_normalized(form, text) for form in self.forms) else None  # type: ignore[arg-type]
@@ -66,10 +116,15 @@ def widths(backend) -> Optional[Widths]:
         normalizer, pre, post = (_spec(part) for part in (backend.normalizer, backend.pre_tokenizer,
                                                             backend.post_processor))
         model = backend.model
-        forms = _forms(normalizer)
-        if not (forms is not None and _pre_ok(pre) and _post_ok(post) and type(model).__name__ == "BPE"
-                and not model.dropout and not model.continuing_subword_prefix and not model.end_of_word_suffix
-                and not model.byte_fallback):  # byte tokens of one character would share it
+        spm = _sentencepiece(normalizer, pre)
+        forms = () if spm is not None else _forms(normalizer)
+        if not (forms is not None and (spm is not None or _pre_ok(pre)) and _post_ok(post)
+                and type(model).__name__ == "BPE" and not model.dropout and not model.continuing_subword_prefix
+                and not model.end_of_word_suffix
+                # byte-level: byte tokens of one character would share it; SentencePiece: read as bytes
+                and (spm is not None or not model.byte_fallback)
+                # special tokens tokenized as text: an id of theirs ends no stretch
+                and not (spm is not None and backend.encode_special_tokens)):
             return None
         vocab = backend.get_vocab(with_added_tokens=True)
         added = backend.get_added_tokens_decoder()
@@ -78,8 +133,17 @@ def widths(backend) -> Optional[Widths]:
     except Exception:  # another tokenizers: parts it cannot describe
         return None
     table = [NO_WIDTH] * (max(vocab.values(), default=-1) + 1)
+    lead = list(table) if spm is not None else []
     for token, index in vocab.items():
-        table[index] = len(token) or NO_WIDTH  # one vocabulary character per byte
+        if spm is None:
+            table[index] = len(token) or NO_WIDTH  # one vocabulary character per byte
+            continue
+        # a ▁ (3 bytes) stands for a space (1)
+        width = (1 if model.byte_fallback and _is_byte(token)
+                 else len(token.encode("utf-8")) - 2 * token.count(METASPACE))
+        table[index] = width or NO_WIDTH
+        if token.startswith(METASPACE):
+            lead[index] = width - 1
     for index, token in added.items():  # matched in the text as they are; lstrip/rstrip take spaces too
         content = token.content
         width = len(content.encode("utf-8", "surrogatepass"))
@@ -90,11 +154,18 @@ def widths(backend) -> Optional[Widths]:
                                       for form in forms))
                  # an id the model's own vocabulary has too (a byte character): one width for both, or none
                  and own.get(index, width) == width)
+        if spm == "each" and token.normalized:  # matched in the text with its ▁ and spaces replaced
+            return None
         if index < len(table):
             table[index] = width if fixed else NO_WIDTH
+            if lead:
+                lead[index] = NO_WIDTH
     if unknown in vocab:  # stands for characters missing from the vocabulary, any number of them (fuse_unk)
         table[vocab[unknown]] = NO_WIDTH
-    return Widths(table, forms)
+        if lead:
+            lead[vocab[unknown]] = NO_WIDTH
+    pieces = None if spm is None else SentencePiece(spm, lead, frozenset(added))
+    return Widths(table, forms, pieces)
 
 
 def columns(table: Optional[Widths], text: str, ids: list[int],
@@ -107,14 +178,25 @@ def columns(table: Optional[Widths], text: str, ids: list[int],
         return None
     if kind is None:
         kind = table.kind(text)
+    pieces = table.pieces
+    starts = pieces.starts(text, ids) if pieces is not None and kind is not None else []
     if kind == ASCII:
         try:
-            ends = list(itertools.accumulate(map(table.table.__getitem__, ids)))
+            sizes = list(map(table.table.__getitem__, ids))
+            for n in starts:
+                sizes[n] = pieces.lead[ids[n]]  # type: ignore[union-attr]
         except IndexError:  # an id beyond the vocabulary
             return None
+        ends = list(itertools.accumulate(sizes))
         if (ends[-1] if ends else 0) != len(text):
             return None
-        return [0, *ends[:-1]] if ends else [], ends
+        firsts = [0, *ends[:-1]] if ends else []
+        for n in starts:
+            if not sizes[n]:  # the prepended ▁ alone: it holds the stretch's first character
+                if n + 1 == len(ids):
+                    return None
+                ends[n] = firsts[n] + 1
+        return firsts, ends
     if kind is None or not ids:
         return None
     try:
@@ -127,13 +209,21 @@ def columns(table: Optional[Widths], text: str, ids: list[int],
     array = table.array()
     if index.max() >= len(array):  # an id beyond the vocabulary
         return None
-    last = numpy.cumsum(array[index]) - 1  # each token's last byte
+    sizes = array[index]
+    if starts:
+        sizes[starts] = pieces.array()[index[starts]]  # type: ignore[union-attr]
+    last = numpy.cumsum(sizes) - 1  # each token's last byte
     if last[-1] != len(data) - 1:
         return None
     # each byte's character: the running count of the bytes that start one (not 0b10xxxxxx)
     char = numpy.cumsum((numpy.frombuffer(data, numpy.uint8) & 0xC0) != 0x80) - 1
     first = numpy.concatenate(([0], last[:-1] + 1))
-    return char[first].tolist(), (char[last] + 1).tolist()
+    alone = [n for n in starts if not sizes[n]]  # the prepended ▁ alone: it holds the stretch's first character
+    if alone and alone[-1] + 1 == len(ids):
+        return None
+    firsts, ends = char[first], char[last] + 1
+    ends[alone] = firsts[alone] + 1
+    return firsts.tolist(), ends.tolist()
 
 
 def holder(ends: list[int], char: int) -> Optional[int]:
@@ -141,6 +231,28 @@ def holder(ends: list[int], char: int) -> Optional[int]:
     ``Encoding.char_to_token`` answers: the first of two that share it, None outside the text."""
     at = bisect.bisect_right(ends, char)
     return at if 0 <= char and at < len(ends) else None
+
+
+def _is_byte(token: str) -> bool:
+    """A byte-fallback token: ``<0xXX>``."""
+    return len(token) == 6 and token.startswith("<0x") and token.endswith(">") and all(
+        c in "0123456789ABCDEF" for c in token[3:5])
+
+
+def _sentencepiece(normalizer: Optional[dict], pre: Optional[dict]) -> Optional[str]:
+    """"each" for a Prepend("▁") and Replace(" ", "▁") normalizer with no pre-tokenizer, "first"
+    for no normalizer and a Metaspace("▁") pre-tokenizer prepending to the text's start (or
+    "never"), else None."""
+    if normalizer is not None and pre is None and normalizer.get("type") == "Sequence":
+        parts = sorted(normalizer.get("normalizers", ()), key=lambda p: p.get("type", ""))
+        if ([p.get("type") for p in parts] == ["Prepend", "Replace"] and parts[0].get("prepend") == METASPACE
+                and parts[1].get("pattern") == {"String": " "} and parts[1].get("content") == METASPACE):
+            return "each"
+        return None
+    if normalizer is not None or pre is None or pre.get("type") != "Metaspace" or pre.get("replacement") != METASPACE:
+        return None
+    scheme = pre.get("prepend_scheme")
+    return scheme if scheme in ("first", "never") else None  # "always": before every stretch but spaces
 
 
 def _spec(part) -> Optional[dict]:

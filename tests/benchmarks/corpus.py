@@ -99,3 +99,13 @@ def plain_labels(tok, rows) -> list:
                                        return_assistant_tokens_mask=True)
         out.append([t if m else -100 for t, m in zip(done["input_ids"], done["assistant_masks"])])
     return out
+
+
+def plain_tokenizing(tok, texts) -> list:
+    """The tokenizing ``plain_labels`` does, alone: each rendered text tokenized by one call as
+    ``apply_chat_template`` tokenizes it, its offsets read from the encoding as it reads them."""
+    out = []
+    for text in texts:
+        done = tok(text, add_special_tokens=False)
+        out.append((done["input_ids"], done.encodings[0].offsets))
+    return out

@@ -324,3 +324,73 @@ def test_fuzzed_reasoning_contents_on_qwen35_splice_exactly():
     check()
     assert 5 < sum(taken) < len(taken) - 5, taken  # both paths were compared
 
+
+
+# SentencePiece-style vocabularies (spaces as ▁, byte fallback): llama.cpp's Llama vocabulary under
+# Mistral Nemo's template (a Metaspace prepending ▁ to the text's start), Phi-3's (▁ before every stretch
+# between added tokens); without FTREADY_REAL_TOKENIZERS, the tiny SentencePiece-style BPE of each kind
+SENTENCEPIECE_FAMILIES = {"mistral-nemo": ("llama-spm", "Mistral-Nemo-Instruct-2407.jinja", "</s>", "first", ()),
+                          "phi-3": ("phi-3", "Phi-3-gguf.jinja", "<|end|>", "each", FAMILIES["phi3"][2])}
+CONTENTS = ["Hi", " lead and trail ", "\nstarts on a new line", "tabs\tand  two  spaces\n\nhere", "café über 中文",
+            "Как дела? 👍🏽", "☃ first", "x" * 40, "1+1=2", "Хорошо’ ﬁne", "a\u2581b", "<0x0A> as text"]
+
+
+@pytest.fixture(scope="module", params=["tiny"] + (["llama.cpp"] if REAL else []))
+def sentencepiece_tokenizers(request):
+    """family -> its SentencePiece-style tokenizer (llama.cpp's, or the tiny one of its kind)."""
+    from tests.data.test_tiling import sentencepiece_style
+
+    out = {}
+    for family, (folder, template, eos, scheme, specials) in SENTENCEPIECE_FAMILIES.items():
+        if request.param == "llama.cpp":
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(Path(REAL) / folder)
+        else:
+            tok = sentencepiece_style(scheme)
+            tok.add_tokens(list(specials), special_tokens=True)
+            tok.eos_token = eos
+        tok.chat_template = (TEMPLATES / template).read_text()
+        out[family] = tok
+    return out
+
+
+@pytest.mark.parametrize("family", list(SENTENCEPIECE_FAMILIES))
+def test_sentencepiece_families_read_offsets_from_widths_exactly(sentencepiece_tokenizers, family, monkeypatch):
+    """Their pipelines are read as SentencePiece-style; each render's columns from the widths are
+    its offsets (ASCII or not; a text holding ▁ or <0x is not read so), the holder of each
+    character ``char_to_token``'s; encode_many, which reads the rows after its first batches
+    without offsets, gives the row-by-row results."""
+    from pytest_ftready.data import fast_encoding
+    from pytest_ftready.data import tiling
+    from pytest_ftready.data.fast_encoding import FastPaths, WidthCheck
+
+    _, _, eos, scheme, _ = SENTENCEPIECE_FAMILIES[family]
+    tok = copy.deepcopy(sentencepiece_tokenizers[family])
+    table = tiling.widths(tok._tokenizer)
+    assert table is not None and table.pieces is not None and table.pieces.scheme == scheme
+    chats = [[{"role": "user", "content": a}, {"role": "assistant", "content": b}, {"role": "user", "content": b},
+              {"role": "assistant", "content": a}] for a in CONTENTS for b in CONTENTS[::3]]
+    for messages in chats:
+        text = tok.apply_chat_template(messages, tokenize=False)
+        encoding = tok._tokenizer.encode(text, add_special_tokens=False)
+        found = tiling.columns(table, text, encoding.ids)
+        assert (found is not None) == ("\u2581" not in text and "<0x" not in text), text
+        if found is not None:
+            assert list(zip(*found)) == encoding.offsets, text
+            assert [tiling.holder(found[1], x) for x in range(len(text) + 1)] == [
+                encoding.char_to_token(x) for x in range(len(text) + 1)]
+    quick = []
+    read_quick = FastPaths.read_without_offsets
+    monkeypatch.setattr(FastPaths, "read_without_offsets",
+                        lambda self, e, t, k: quick.extend(k) or read_quick(self, e, t, k))
+    monkeypatch.setattr(fast_encoding, "FIRST_BATCH_ROWS", 8)
+    monkeypatch.setattr(fast_encoding, "BATCH_ROWS", 8)
+    for train_on in ("assistant", "last_assistant"):
+        data = SimpleNamespace(format="messages", train_on=train_on, max_length=1024, add_special_tokens=False)
+        enc = Encoder(tok, data, stop_token_ids(tok, extra=[eos]))
+        rows = [Row("train.jsonl", n + 1, {"messages": m}) for n, m in enumerate(chats)]
+        pairs = [(row, read_sample(row, "messages", train_on)[0]) for row in rows]
+        assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
+        assert enc.fast.checks == {tiling.ASCII: WidthCheck.AGREES, tiling.UTF8: WidthCheck.AGREES}
+    assert tiling.ASCII in quick and tiling.UTF8 in quick and None in quick

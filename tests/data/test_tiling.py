@@ -1,6 +1,7 @@
-"""Tokenizations that tile their text (data/tiling.py): which pipelines are read as byte-level
-(and which are refused, with a text that shows why), the claim against the offsets themselves on
-fuzzed texts, the encoder's results equal with and without it, and the first batch's check."""
+"""Tokenizations that tile their text (data/tiling.py): which pipelines are read as byte-level or
+SentencePiece-style (and which are refused, with a text that shows why), the claim against the
+offsets themselves on fuzzed texts, the encoder's results equal with and without it, and the
+first batch's check (a planted SentencePiece case included)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,10 @@ def tokenizers():
         "metaspace": variant(base, pre_tokenizer=pre_tokenizers.Metaspace()),
         "byte-fallback": _byte_fallback(variant(base)),
         "unknown-bytes": _unknown_bytes(base),
+        "spm-each": sentencepiece_style("each"),
+        "spm-first": sentencepiece_style("first"),
+        "spm-never": sentencepiece_style("never"),
+        "spm-always": sentencepiece_style("always"),
     }
 
 
@@ -77,12 +82,47 @@ def _unknown_bytes(base):
     return variant(base, model=Tokenizer.from_str(json.dumps(spec)).model)
 
 
+def sentencepiece_style(scheme: str):
+    """A SentencePiece-style BPE trained on the tiny tokenizer's texts (spaces as ``▁``, the 256
+    byte-fallback tokens ``<0xXX>`` first, as Llama 2's and Phi-3's), with the tiny tokenizer's
+    special tokens: ``scheme`` "each" prepends ``▁`` to every stretch between added tokens (a
+    Prepend and Replace normalizer, as Phi-3's and Mistral's), "first" to the text's start (a
+    Metaspace pre-tokenizer, as llama.cpp's Llama vocabulary saved by transformers), or any other
+    Metaspace prepend scheme."""
+    import json
+
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from pytest_ftready.tiny import _corpus, example_rows
+
+    trained = Tokenizer(models.BPE())
+    trained.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="always", split=True)
+    trained.train_from_iterator(_corpus(example_rows()), trainer=trainers.BpeTrainer(
+        vocab_size=500, show_progress=False, limit_alphabet=60))
+    spec = json.loads(trained.to_str())["model"]
+    vocab = {f"<0x{b:02X}>": b for b in range(256)}
+    vocab.update({token: 256 + index for token, index in spec["vocab"].items()})
+    backend = Tokenizer(models.BPE(vocab, [tuple(m) for m in spec["merges"]], byte_fallback=True, fuse_unk=True))
+    if scheme == "each":
+        backend.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    else:
+        backend.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme=scheme, split=False)
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="<|im_end|>", pad_token="<pad>",
+                                  unk_token="<unk>", additional_special_tokens=[
+                                      t for t in SPECIAL_TOKENS if t not in ("<s>", "<|im_end|>", "<pad>", "<unk>")])
+    tok.chat_template = CHATML
+    return tok
+
+
 def _byte_fallback(tok):
     tok._tokenizer.model.byte_fallback = True  # <0xC4> <0x8A>: two tokens of one character
     return tok
 
 
-READ_AS_TILING = ("gpt2-style", "llama3-style", "unknown-bytes")
+SENTENCEPIECE = ("spm-each", "spm-first", "spm-never")
+BYTE_LEVEL = ("gpt2-style", "llama3-style", "unknown-bytes")
+READ_AS_TILING = (*BYTE_LEVEL, *SENTENCEPIECE)
 
 
 def test_byte_level_pipelines_are_read_as_tiling_and_others_refused(tokenizers):
@@ -92,6 +132,49 @@ def test_byte_level_pipelines_are_read_as_tiling_and_others_refused(tokenizers):
         if table is not None:
             assert table.table[tok.convert_tokens_to_ids("<|im_end|>")] == len("<|im_end|>")
             assert table.forms == (("NFC",) if name == "llama3-style" else ())
+            assert (table.pieces is not None) == (name in SENTENCEPIECE)
+
+
+def test_sentencepiece_pieces_are_read_as_their_bytes(tokenizers):
+    """A ``▁`` is one byte (a space), a byte token one, a stretch's leading ``▁`` none; a
+    Metaspace prepending before every stretch but one starting with a space ("always"), or a
+    tokenizer whose special tokens are tokenized as text, is refused."""
+    tok = tokenizers["spm-each"]
+    table = tiling.widths(tok._tokenizer)
+    ids = tok.convert_tokens_to_ids(["\u2581", "<0x0A>", "<0xE2>"])
+    assert [table.table[i] for i in ids] == [1, 1, 1] and [table.pieces.lead[i] for i in ids] == [0, tiling.NO_WIDTH,
+                                                                                                tiling.NO_WIDTH]
+    assert table.kind("a \u2581 b") is None and table.kind("a <0x0A> b") is None and table.kind("\u00e9") == tiling.UTF8
+    for text in ("<|im_start|>\nhi", "<|im_start|>\n\u2603 x"):  # the prepended ▁ alone holds the newline's character
+        encoding = tok._tokenizer.encode(text, add_special_tokens=False)
+        assert encoding.tokens[1] == "\u2581" and encoding.offsets[1] == encoding.offsets[2] == (12, 13)
+        assert list(zip(*tiling.columns(table, text, encoding.ids))) == encoding.offsets
+    backend = copy.deepcopy(tok._tokenizer)
+    backend.encode_special_tokens = True
+    assert tiling.widths(backend) is None
+
+
+SPM_TEXT = st.lists(st.one_of(st.sampled_from(list("ab xyz019\t\n.,!'-") + ["  ", "\n\n", " the", "é", "中", "😀",
+                                                                            "ﬁ", "’", "👍🏽", "Ж", "\u2581", "<0x0A>"]),
+                              st.sampled_from(list(SPECIAL_TOKENS))), max_size=40).map("".join)
+
+
+@pytest.mark.parametrize("name", SENTENCEPIECE)
+@settings(max_examples=300, deadline=None)
+@given(text=SPM_TEXT)
+def test_a_sentencepiece_tiling_claim_holds_against_the_offsets(tokenizers, name, text):
+    """Every text is read from its widths but one holding ``▁`` or ``<0x``; the columns are the
+    offsets, the holder of each character ``char_to_token``'s."""
+    backend = tokenizers[name]._tokenizer
+    encoding = backend.encode(text, add_special_tokens=False)
+    fast = backend.encode_batch_fast([text], add_special_tokens=False)[0]
+    assert fast.ids == encoding.ids
+    found = tiling.columns(tiling.widths(backend), text, fast.ids)
+    assert (found is not None) == ("\u2581" not in text and "<0x" not in text)
+    if found is not None:
+        assert list(zip(*found)) == encoding.offsets
+        for x in range(-1, len(text) + 2):
+            assert tiling.holder(found[1], x) == (encoding.char_to_token(x) if x >= 0 else None)
 
 
 def test_a_refused_pipeline_does_not_tile_ascii_text(tokenizers):
@@ -107,7 +190,7 @@ TEXT = st.lists(st.one_of(st.sampled_from(list("ab xyz019\t\n.,!'-") + ["  ", "\
                           st.sampled_from(list(SPECIAL_TOKENS))), max_size=40).map("".join)
 
 
-@pytest.mark.parametrize("name", READ_AS_TILING)
+@pytest.mark.parametrize("name", BYTE_LEVEL)
 @settings(max_examples=300, deadline=None)
 @given(text=TEXT)
 def test_a_tiling_claim_holds_against_the_offsets(tokenizers, name, text):
@@ -171,7 +254,8 @@ def _pairs(enc, rows):
     return pairs
 
 
-@pytest.mark.parametrize("name", ["gpt2-style", "llama3-style", "trims-offsets", "split-removes", "byte-fallback"])
+@pytest.mark.parametrize("name", ["gpt2-style", "llama3-style", "trims-offsets", "split-removes", "byte-fallback",
+                                  "spm-each", "spm-first", "spm-always"])
 @pytest.mark.parametrize("train_on,max_length,add_special,template", [
     ("assistant", 512, False, None), ("last_assistant", 512, False, None), ("assistant", 20, False, None),
     ("assistant", 512, True, None), ("all", 512, False, None), ("assistant", 512, False, CHATML_NO_MARKERS),
@@ -217,6 +301,29 @@ def test_the_first_batch_checks_the_claim(tokenizers, monkeypatch):
     pairs = _pairs(enc, _rows())
     assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
     assert enc.fast.checks == {tiling.ASCII: WidthCheck.DIFFERS, tiling.UTF8: WidthCheck.DIFFERS} and not enc.fast.kinds_from_widths()
+
+
+def test_a_sentencepiece_claim_the_offsets_deny_is_switched_off(tokenizers, monkeypatch):
+    """A SentencePiece-style tokenizer that also applies NFKC, read as one that does not: "ﬁ" (3
+    bytes) becomes "fi" (2), "ǆ" (2) "dž" (3), the sums agree while the positions do not. The first
+    batch with such text finds it, the widths are never read for that kind of text again, and the
+    results are the row-by-row ones."""
+    from tokenizers import normalizers
+
+    plain = tokenizers["spm-each"]
+    tok = copy.deepcopy(plain)
+    tok._tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), tok._tokenizer.normalizer])
+    assert tiling.widths(tok._tokenizer) is None
+    monkeypatch.setattr(fast_module, "widths", lambda backend: tiling.widths(plain._tokenizer))
+    enc = _encoder(tok)
+    rows = [Row("t.jsonl", k + 1, {"messages": [{"role": "user", "content": "\ufb01 \u01c6 ok"},
+                                                {"role": "assistant", "content": "\u01c6 \ufb01"}]}) for k in range(4)]
+    rows += [Row("t.jsonl", 5 + k, row.data) for k, row in enumerate(_rows())]
+    pairs = _pairs(enc, rows)
+    monkeypatch.setattr(fast_module, "BATCH_ROWS", 3)
+    monkeypatch.setattr(fast_module, "FIRST_BATCH_ROWS", 3)
+    assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
+    assert enc.fast.checks[tiling.UTF8] is WidthCheck.DIFFERS and enc.fast.checks[tiling.ASCII] is WidthCheck.AGREES
 
 
 def test_each_kind_of_text_is_checked_by_the_first_batch_that_has_some(tokenizers):
