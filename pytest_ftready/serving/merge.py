@@ -82,6 +82,7 @@ def measure(recipe, adapter_dir, prompt_ids: Sequence[int], trained_ids: Sequenc
     greedy answer). Each model is loaded once and freed before the next."""
     from ..engine.generate import adapter_on_original_base, greedy, merged
     from ..engine.memory import free_device_memory
+    from .gguf import matching_prefix
 
     n = recipe.checks.max_new_tokens
     sequence = [*prompt_ids, *trained_ids]
@@ -93,8 +94,8 @@ def measure(recipe, adapter_dir, prompt_ids: Sequence[int], trained_ids: Sequenc
         model = merged(peft_model)
         ids = greedy(model, prompt_ids, n, stop_ids, pad_id, torch_device)
         logits = _logits(model, sequence, torch_device)
-        match = next((i for i, (a, b) in enumerate(zip(ids, adapter_ids)) if a != b), min(len(ids), len(adapter_ids)))
-        return Merge(way, tuple(ids), match, float((logits.argmax(-1) == reference.argmax(-1)).float().mean()),
+        agreement = float((logits.argmax(-1) == reference.argmax(-1)).float().mean())
+        return Merge(way, tuple(ids), matching_prefix(ids, adapter_ids), agreement,
                      float((logits - reference).abs().max()))
 
     results = {}
