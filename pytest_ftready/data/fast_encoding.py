@@ -26,7 +26,7 @@ from .encoded import Encoded
 from .layouts import Chat, Sample
 from .rows import Row
 from .skeleton import Splicer, needles
-from .tiling import ASCII, UTF8, Widths, columns, holder, widths
+from .tiling import ASCII, UTF8, Widths, columns, columns_many, holder, widths
 from .verify import dropped_by_template
 
 
@@ -210,15 +210,14 @@ class FastPaths:
         others) given their columns from the widths; one whose tokens do not cover its text end to
         end is tokenized again, with offsets. The others go through ``read_columns``."""
         assert self.widths is not None
+        ids = [None if kind is None else e.ids for e, kind in zip(encodings, kinds)]
+        found = columns_many(self.widths, texts, ids, kinds)
         out = []
-        for e, text, kind in zip(encodings, texts, kinds):
+        for e, text, kind, i, c in zip(encodings, texts, kinds, ids, found):
             if kind is None:
                 out.append(_Encoding(e))
-                continue
-            ids = e.ids
-            found = columns(self.widths, text, ids, kind)
-            out.append(_Encoding(e, ids, found) if found is not None
-                       else _readable(self.tokenize_many([text], False))[0])
+            else:
+                out.append(_Encoding(e, i, c) if c is not None else _readable(self.tokenize_many([text], False))[0])
         if None in kinds:
             self.read_columns(out, texts, [kind is None for kind in kinds])
         return out

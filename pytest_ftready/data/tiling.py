@@ -50,10 +50,10 @@ class SentencePiece:
     first ``▁`` is the prepended one (NO_WIDTH for a piece not starting with ``▁``); ``added``:
     the ids of the added tokens, which end a stretch."""
 
-    __slots__ = ("scheme", "lead", "added", "_array")
+    __slots__ = ("scheme", "lead", "added", "_array", "_mask")
 
     def __init__(self, scheme: str, lead: list[int], added: frozenset[int]) -> None:
-        self.scheme, self.lead, self.added, self._array = scheme, lead, added, None
+        self.scheme, self.lead, self.added, self._array, self._mask = scheme, lead, added, None, None
 
     def array(self):
         """``lead`` as a numpy array (made when first asked for)."""
@@ -63,6 +63,15 @@ class SentencePiece:
             self._array = numpy.array(self.lead, dtype=numpy.int64)
         return self._array
 
+    def mask(self):
+        """Per id of ``lead``, whether it is an added token (a numpy array, made when first asked for)."""
+        if self._mask is None:
+            import numpy
+
+            self._mask = numpy.zeros(len(self.lead), dtype=bool)
+            self._mask[[i for i in self.added if i < len(self.lead)]] = True
+        return self._mask
+
     def starts(self, text: str, ids: list[int]) -> list[int]:
         """The tokens of ``ids`` (of ``text``) that start with the prepended ``▁``: those that
         are no added token and follow one or start the text."""
@@ -71,7 +80,8 @@ class SentencePiece:
             return []
         if self.scheme == "first":  # Metaspace's: the text's start, when it is no added token nor a space
             return [0] if ids[0] not in added and not text.startswith(" ") else []
-        after = [n + 1 for n, token in enumerate(ids) if token in added]
+        # the tokens after an added one (read without a Python loop over the tokens)
+        after = itertools.compress(itertools.count(1), map(added.__contains__, ids))
         out = [0] if ids[0] not in added else []
         out += [n for n in after if n < len(ids) and ids[n] not in added]
         return out
@@ -224,6 +234,66 @@ def columns(table: Optional[Widths], text: str, ids: list[int],
     firsts, ends = char[first], char[last] + 1
     ends[alone] = firsts[alone] + 1
     return firsts.tolist(), ends.tolist()
+
+
+def columns_many(table: Widths, texts: list[str], ids: list[list[int]],
+                 kinds: list[Optional[str]]) -> list[Optional[tuple[list[int], list[int]]]]:
+    """``[columns(table, text, i, kind) for text, i, kind in zip(texts, ids, kinds)]`` for the
+    texts of a kind (None for those of none: not read), the ASCII ones read together (one numpy
+    pass over all their tokens instead of a Python pass per text), the others one by one."""
+    out: list[Optional[tuple[list[int], list[int]]]] = [None] * len(texts)
+    together = [n for n, (i, kind) in enumerate(zip(ids, kinds)) if kind == ASCII and i]
+    if len(together) < 2:
+        together = []
+    for n in sorted(set(range(len(texts))).difference(together)):
+        if kinds[n] is not None:
+            out[n] = columns(table, texts[n], ids[n], kinds[n])
+    if not together:
+        return out
+    import numpy
+
+    lengths = numpy.fromiter((len(ids[n]) for n in together), numpy.int64, len(together))
+    flat = numpy.fromiter(itertools.chain.from_iterable(ids[n] for n in together), numpy.int64, int(lengths.sum()))
+    array = table.array()
+    if int(flat.max()) >= len(array):  # an id beyond the vocabulary: those rows have none
+        for n in together:
+            out[n] = columns(table, texts[n], ids[n], kinds[n])
+        return out
+    firsts_at = numpy.cumsum(lengths) - lengths  # each text's first token in ``flat``
+    sizes = array[flat]
+    pieces = table.pieces
+    starts = None  # the tokens that start with a prepended ▁ (SentencePiece.starts of each text)
+    if pieces is not None and pieces.scheme != "never":
+        held = pieces.mask()[flat]
+        if pieces.scheme == "first":
+            leading = numpy.fromiter((not texts[n].startswith(" ") for n in together), bool, len(together))
+            starts = firsts_at[leading & ~held[firsts_at]]
+        else:  # after an added token, or a text's first
+            after = numpy.empty_like(held)
+            after[0], after[1:] = True, held[:-1]
+            after[firsts_at] = True
+            starts = numpy.flatnonzero(after & ~held)
+        sizes[starts] = pieces.array()[flat[starts]]
+    # a token of no fixed width: its text is not read from widths (a sum with NO_WIDTH never matches)
+    unknown = sizes < 0
+    sizes[unknown] = 0
+    ends = numpy.cumsum(sizes)
+    ends -= numpy.repeat(ends[firsts_at] - sizes[firsts_at], lengths)  # each text's own running sum
+    firsts = ends - sizes
+    last_at = firsts_at + lengths - 1
+    ok = ends[last_at] == numpy.fromiter((len(texts[n]) for n in together), numpy.int64, len(together))
+    if unknown.any():
+        ok &= numpy.add.reduceat(unknown, firsts_at) == 0
+    if starts is not None:
+        alone = starts[sizes[starts] == 0]  # the prepended ▁ alone: it holds the stretch's first character
+        if alone.size:
+            row = numpy.searchsorted(firsts_at, alone, side="right") - 1
+            ok[row[alone == last_at[row]]] = False
+            ends[alone] = firsts[alone] + 1
+    all_firsts, all_ends = firsts.tolist(), ends.tolist()
+    for n, a, b, good in zip(together, firsts_at.tolist(), (last_at + 1).tolist(), ok.tolist()):
+        out[n] = (all_firsts[a:b], all_ends[a:b]) if good else None
+    return out
 
 
 def holder(ends: list[int], char: int) -> Optional[int]:

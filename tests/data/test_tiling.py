@@ -177,6 +177,26 @@ def test_a_sentencepiece_tiling_claim_holds_against_the_offsets(tokenizers, name
             assert tiling.holder(found[1], x) == (encoding.char_to_token(x) if x >= 0 else None)
 
 
+@pytest.mark.parametrize("name", READ_AS_TILING)
+@settings(max_examples=150, deadline=None)
+@given(texts=st.lists(st.one_of(SPM_TEXT, st.sampled_from(["", " a", "<|im_start|>\n", "a<|im_end|>", "x \x01\x02 y"])),
+                      max_size=8))
+def test_a_batch_is_read_as_each_of_its_texts(tokenizers, name, texts):
+    """``columns_many`` (the ASCII texts of a batch in one numpy pass) gives each text what
+    ``columns`` gives it alone: its columns, or None where it refuses (an unknown token, a lone
+    prepended ``▁`` ending the text, a text its tokens do not cover)."""
+    backend = tokenizers[name]._tokenizer
+    table = tiling.widths(backend)
+    ids = [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+    kinds = [table.kind(text) for text in texts]
+    expected = [tiling.columns(table, t, i, k) if k is not None else None for t, i, k in zip(texts, ids, kinds)]
+    assert tiling.columns_many(table, texts, ids, kinds) == expected
+    if len(texts) >= 2 and ids[0]:  # tokens that do not cover their text; then an id beyond the vocabulary
+        for wrong in ([[*ids[0], ids[0][-1]], *ids[1:]], [*ids[:-1], [*ids[-1], len(table.table)]]):
+            assert tiling.columns_many(table, texts, wrong, kinds) == [
+                tiling.columns(table, t, i, k) if k is not None else None for t, i, k in zip(texts, wrong, kinds)]
+
+
 def test_a_refused_pipeline_does_not_tile_ascii_text(tokenizers):
     """Why trimmed offsets are refused: a lone space token keeps no character."""
     encoding = tokenizers["trims-offsets"]._tokenizer.encode("a  b", add_special_tokens=False)
