@@ -125,8 +125,8 @@ class FastPaths:
             if len(sample.messages) <= encoder.max_length and _content_chars(sample) <= encoder.char_budget:
                 spliced = splicer.splice(sample, encoder.render, render_marked)
                 if spliced is not None:
-                    text, generation, turns, problems = spliced
-                    done = text, generation, turns, dropped_by_template(sample, text) + problems
+                    text, generation, turns, problems, shown = spliced
+                    done = text, generation, turns, dropped_by_template(sample, text, shown) + problems
             if done is None:
                 # its inference prompts spliced where they can be (they hold no needle more often than the row)
                 rendered = encoder.render_chat(row, sample, prompt=lambda chat, i: splicer.splice_prompt(

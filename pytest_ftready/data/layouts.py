@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, NamedTuple, Optional, Union
 
 from ..recipe.schema import ROLES
 from .rows import Row
@@ -175,8 +175,7 @@ def _media_problem(data: dict) -> list[str]:
             + MULTIMODAL_FIX] if held else []
 
 
-@dataclass(frozen=True)
-class _Turn:
+class _Turn(NamedTuple):  # a tuple: made for every message of every row
     message: dict  # without its training flag
     label: str  # where it is in the row
     flag: Optional[bool]  # its own training flag, None when it has none

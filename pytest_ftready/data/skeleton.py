@@ -462,13 +462,15 @@ class Skeleton:
     of the training render (DeepSeek-R1's inference prompt ends ``<think>\n</think>``): per such turn its
     index among the trained turns and the (literals, refs) of its inference prompt and of its
     render up to it (None: the training render itself), spliced per row and held against the
-    row's text as the row-by-row path holds its renders (``turn_span``)."""
+    row's text as the row-by-row path holds its renders (``turn_span``). ``shown``: the messages
+    whose content the training render holds (as it is, or trimmed)."""
 
     literals: tuple[str, ...]
     refs: tuple[tuple[int, bool], ...]
     generation: Optional[tuple[tuple[tuple[int, int], tuple[int, int]], ...]]
     turns: tuple[Optional[tuple[tuple[int, int], tuple[int, int]]], ...]
     renders: tuple[tuple[int, tuple, Optional[tuple]], ...] = ()
+    shown: frozenset[int] = frozenset()
 
 
 def turn_span(label: str, prompt: str, upto: str, text: str, problems: list) -> Optional[tuple[int, int]]:
@@ -497,11 +499,12 @@ class Splicer:
         self.skeletons: dict = {}
 
     def splice(self, chat, render: Callable, render_marked: Optional[Callable]
-               ) -> Optional[tuple[str, Optional[list], dict, list]]:
+               ) -> Optional[tuple[str, Optional[list], dict, list, frozenset[int]]]:
         """``render(messages, add_generation_prompt, tools)``: the text; ``render_marked(messages,
         tools)``: the text and its {% generation %} spans (None spans: unknown), or None when the
         generation spans are not wanted. The turn spans: per trained message whose renders are
-        prefixes of the text (``turn_span``); the problems: those ``turn_span`` found."""
+        prefixes of the text (``turn_span``); the problems: those ``turn_span`` found; the
+        messages whose content the text holds (``Skeleton.shown``)."""
         key = structure(chat, self.needles)
         if key is None:
             return None
@@ -535,7 +538,8 @@ class Splicer:
             i = chat.trained[n]
             spans[n] = turn_span(chat.labels[i], _joined(prompt, contents),
                                  text if upto is None else _joined(upto, contents), text, problems)
-        return text, generation, {i: span for i, span in zip(chat.trained, spans) if span is not None}, problems
+        return (text, generation, {i: span for i, span in zip(chat.trained, spans) if span is not None}, problems,
+                skeleton.shown)
 
 
     def splice_prompt(self, chat, count: int, render: Callable) -> Optional[str]:
@@ -634,9 +638,11 @@ def _skeleton(chat, render: Callable, render_marked: Optional[Callable],
         return None
     marked = len(spans or ()) * 2
     found = iter(_pairs(located[marked:]))
+    placed = {k for k, _ in refs}
     return Skeleton(literals, refs, None if spans is None else _pairs(located[:marked]),
                     tuple(None if turn is None else next(found) for turn in turns),
-                    tuple((n, p[:2], None if u is None else u[:2]) for n, p, u in renders))  # type: ignore[index]
+                    tuple((n, p[:2], None if u is None else u[:2]) for n, p, u in renders),  # type: ignore[index]
+                    frozenset(i for i, k in enumerate(_first_equal(chat)) if k in placed))
 
 
 # characters that escaping filters (tojson) change: a placeholder holding them must come out as it went in
@@ -687,6 +693,7 @@ def structure(chat, needles: frozenset = frozenset()) -> Optional[tuple]:
     message's other fields, whether its content is empty, which turns train, the tools.
     ``needles``: strings the template tests a content for (see ``needles``)."""
     parts = []
+    kept: Optional[str | tuple]
     for m in chat.messages:
         content = m.get("content")
         if not isinstance(content, str) or (content and not content.strip()):
@@ -696,8 +703,14 @@ def structure(chat, needles: frozenset = frozenset()) -> Optional[tuple]:
         if needles and any(_edged(content, needle[1]) if isinstance(needle, tuple) else needle in content
                            for needle in needles):
             return None
+        if len(m) == 2 and type(m.get("role")) is str:  # the usual message: its role and its content
+            role = m["role"]
+            if OPEN in role or CLOSE in role or PAD in role:
+                return None
+            parts.append(((("role", role),), bool(content)))
+            continue
         fields = tuple((k, v) for k, v in m.items() if k != "content")
-        kept: Optional[str | tuple] = fields  # the fields, or their JSON where some value is not a string
+        kept = fields  # the fields, or their JSON where some value is not a string
         values = [v for _, v in fields]
         if not all(isinstance(v, str) for v in values):
             kept = _dumped(fields)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import operator
 import re
 from bisect import bisect_left
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Container, Mapping, Optional, Sequence
 
 
 IGNORE_INDEX = -100
@@ -221,16 +221,17 @@ def _reaches(content: str, text: str) -> bool:
     return content in text or any(piece.strip() in text for piece in _MARKUP.split(content) if piece.strip())
 
 
-def dropped_by_template(chat, text: str) -> list[tuple[str, str]]:
+def dropped_by_template(chat, text: str, shown: Container[int] = ()) -> list[tuple[str, str]]:
     """What of the row the rendered text does not hold (templates drop silently what they have no
     branch for): a message whose content shows nowhere in it (a system message under a template
     without a system branch), a trained turn's ``reasoning_content``, tool calls, tool schemas.
-    The model would never see or learn them."""
+    The model would never see or learn them. ``shown``: messages the caller knows the text holds
+    the content of (spliced into it): not looked for."""
     problems = []
     cursor = 0  # contents come in order: each is looked for after the one before (linear in a long row)
     trained = set(chat.trained)
     for i, (label, message) in enumerate(zip(chat.labels, chat.messages)):
-        contents = [c for c in content_texts(message.get("content")) if c.strip()]
+        contents = [c for c in content_texts(message.get("content")) if c.strip()] if i not in shown else []
         found = next((at for at in (text.find(c, cursor) for c in contents) if at >= 0), -1)
         if found >= 0:
             cursor = found

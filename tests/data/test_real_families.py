@@ -152,6 +152,9 @@ def test_phi3_gguf_template_dropping_a_message_names_it(tokenizers, dropped, rol
     label = "messages[0]" if role == "system" else "messages[1]"
     assert ("message_dropped", f"the chat template drops {label} ({role}): its content is nowhere in the "
             "rendered text") in encoded.problems
+    # spliced: the skeleton shows the other messages' contents only, so the dropped one is looked for
+    spliced = enc.fast.splicer.splice(read_sample(encoded.row, "messages", "assistant")[0], enc.render, None)
+    assert spliced is not None and spliced[4] == {0, 1, 2} - {int(label[-2])}
     assert encode(enc, rest).problems == ()  # the same template with nothing to drop
 
 
