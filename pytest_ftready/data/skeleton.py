@@ -692,7 +692,7 @@ def structure(chat, needles: frozenset = frozenset()) -> Optional[tuple]:
     """What a render depends on besides the contents (None: the row cannot be spliced): each
     message's other fields, whether its content is empty, which turns train, the tools.
     ``needles``: strings the template tests a content for (see ``needles``)."""
-    parts = []
+    parts: list[tuple[str | tuple, bool]] = []
     kept: Optional[str | tuple]
     for m in chat.messages:
         content = m.get("content")

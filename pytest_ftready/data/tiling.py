@@ -34,7 +34,7 @@ import bisect
 import itertools
 import json
 import unicodedata
-from typing import Optional
+from typing import Optional, Sequence
 
 NO_WIDTH = -(1 << 40)  # a token whose width in bytes is not known: a sum with it never matches
 NORMALIZERS = frozenset({"NFC", "NFD", "NFKC", "NFKD"})  # the identity on a text already in that form
@@ -236,12 +236,13 @@ def columns(table: Optional[Widths], text: str, ids: list[int],
     return firsts.tolist(), ends.tolist()
 
 
-def columns_many(table: Widths, texts: list[str], ids: list[list[int]],
+def columns_many(table: Widths, texts: list[str], given: Sequence[Optional[list[int]]],
                  kinds: list[Optional[str]]) -> list[Optional[tuple[list[int], list[int]]]]:
-    """``[columns(table, text, i, kind) for text, i, kind in zip(texts, ids, kinds)]`` for the
+    """``[columns(table, text, i, kind) for text, i, kind in zip(texts, given, kinds)]`` for the
     texts of a kind (None for those of none: not read), the ASCII ones read together (one numpy
     pass over all their tokens instead of a Python pass per text), the others one by one."""
     out: list[Optional[tuple[list[int], list[int]]]] = [None] * len(texts)
+    ids = [i or [] for i in given]  # those of no kind may be None
     together = [n for n, (i, kind) in enumerate(zip(ids, kinds)) if kind == ASCII and i]
     if len(together) < 2:
         together = []
