@@ -372,7 +372,8 @@ class Encoder:
         judged = spans[:-1] if cut and spans and spans[-1][1] == full_length else spans
         problems = list(problems) + sequence_problems(self.tok, ids, trained, self.stop_ids, self.bos_id, judged)
         trained_full = sum(end - start for start, end in spans)
-        ids = ids[: self.max_length]
+        if len(ids) > self.max_length:
+            ids = ids[: self.max_length]
         labels = [IGNORE_INDEX] * len(ids)
         kept = 0
         for start, end in spans:

@@ -46,18 +46,19 @@ def verify_turns(chat, text: str, offsets, trained: list[bool], train_on: str,
         sorted_starts = [starts[k] for k in order]
     problems = []
     cursor = 0
-    turns = set(chat.trained)
+    turns = chat.trained if len(chat.trained) < 8 else set(chat.trained)
+    find = text.find
     for i, message in enumerate(chat.messages):
         content = message.get("content")
         if not isinstance(content, str) or not content:
             continue
-        at = text.find(content, cursor)
+        at = find(content, cursor)
         if at < 0:
             continue  # the template rewrote this content; nothing to attribute
         cursor = at + len(content)
         lo = bisect_left(sorted_starts, at)
-        hi = bisect_left(sorted_starts, cursor)
-        if i in turns and prompt_ends.get(i, at) > at:  # the inference prompt holds the content's start
+        hi = bisect_left(sorted_starts, cursor, lo)
+        if i in prompt_ends and prompt_ends[i] > at and i in turns:  # the inference prompt holds the content's start
             given = min(bisect_left(sorted_starts, prompt_ends[i]), hi)
             if supplied is not None:
                 supplied.extend(range(lo, given) if order is None else (order[k] for k in range(lo, given)))
@@ -65,11 +66,12 @@ def verify_turns(chat, text: str, offsets, trained: list[bool], train_on: str,
         if hi <= lo:
             continue
         flags = trained[lo:hi] if order is None else [trained[order[k]] for k in range(lo, hi)]
-        label, role = chat.labels[i], message.get("role")
-        if i in turns and not all(flags):
-            problems.append(("assistant_untrained", f"{sum(1 for f in flags if not f)} of {len(flags)} tokens of "
-                             f"assistant turn {label} carry no loss"))
-        elif i not in turns and any(flags):
+        if i in turns:
+            if not all(flags):
+                problems.append(("assistant_untrained", f"{sum(1 for f in flags if not f)} of {len(flags)} tokens "
+                                 f"of assistant turn {chat.labels[i]} carry no loss"))
+        elif any(flags):
+            label, role = chat.labels[i], message.get("role")
             why = (f"it is marked not to train ({chat.marks[i]})" if chat.marks[i]
                    else f"{role} turns do not train under train_on = \"{train_on}\"" if role != "assistant"
                    else f"it is not a trained turn under train_on = \"{train_on}\"")
