@@ -74,10 +74,14 @@ class FastPaths:
         self.encoder = encoder
         tok = encoder.tok
         specials = [str(v) for v in tok.special_tokens_map.values()]
-        tested = [needles(t, specials) for t in named_templates]  # a row with tools may pick another template
+        # a row with tools may pick another template; rows holding needles are cut around them where every
+        # template was analysed for it (see skeleton.needles)
+        segments = [needles(t, specials, segments=True) for t in named_templates]
+        cut = all(needle is not None for needle in segments)
+        tested = segments if cut else [needles(t, specials) for t in named_templates]
         found = [needle for needle in tested if needle is not None]
         self.splicer: Optional[Splicer] = (
-            Splicer(encoder.char_budget, frozenset().union(*found))
+            Splicer(encoder.char_budget, frozenset().union(*found), cut)
             if encoder.may_hold_chat and encoder.renderer.fast and len(found) == len(tested) else None)
         # offsets are looked at for masks and verification only (not under train_on = "all"), of the
         # text as tokenized (no special tokens added)

@@ -15,9 +15,14 @@ output is then what it prints), or tested for being a string / empty, or, the co
 ``content.startswith('<tool_response>')``: ``needles``). Any other use (``split``, ``replace``,
 ``length``, indexing, ``tojson`` with arguments, a needle test on the content concatenated to
 something...) and the template is rendered row by row, except where it sits behind a needle test
-no spliced row passes (Qwen 3.5's and DeepSeek-R1's reasoning ``split``). A row is rendered row
-by row too when a content holds a needle, when a
-content holds a placeholder character, is whitespace only (no placeholder keeps both its
+no spliced row passes (Qwen 3.5's and DeepSeek-R1's reasoning ``split``). Where the code behind
+the needle tests only splits a content on needles, reads a part by a constant index and strips
+a part's ends (``needles(..., segments=True)``), a row whose contents hold needles is spliced
+too: each such content is cut around the needles and the whitespace next to them (``shape``),
+its literals part of the structure and a placeholder for each core between them (a core holds no
+needle and no whitespace at its ends, so the template does to its placeholder what it does to
+it). A row is rendered row by row when a content holds a needle the template was not analysed
+for, when a content holds a placeholder character, is whitespace only (no placeholder keeps both its
 truthiness and its trimmed emptiness), or is not a string, and a structure whose render
 fails goes row by row (the row-by-row path then names the problem). A trained turn whose renders
 with placeholders are not prefixes of the training render (DeepSeek-R1's inference prompt ends
@@ -41,6 +46,7 @@ _PIECE = re.compile(f"{PAD}{OPEN}(\\d+){CLOSE}{PAD}|{OPEN}(\\d+){CLOSE}")
 MAX_STRUCTURES = 4096  # skeletons kept per encoder (the cache is emptied when full)
 
 LIST, MESSAGE, TEXT = "messages", "message", "content"  # what a template expression holds
+PARTS = "parts"  # a content split on a needle (``segments`` only): only a part may be read, by a constant index
 BARE = "bare content"  # a content itself, or trimmed: what a needle test reads (see ``needles``)
 TEXTS = (TEXT, BARE)
 TYPE_TESTS = frozenset({"string", "defined", "undefined", "none", "mapping", "sequence", "iterable"})
@@ -59,7 +65,7 @@ def opaque(template: str, special_tokens: Sequence[str] = ()) -> bool:
     return needles(template, special_tokens) is not None
 
 
-def needles(template: str, special_tokens: Sequence[str] = ()) -> Optional[frozenset]:
+def needles(template: str, special_tokens: Sequence[str] = (), segments: bool = False) -> Optional[frozenset]:
     """The strings a content is tested for (``'</think>' in content``, ``content.startswith('<x>')``,
     Qwen 3.5's and DeepSeek-R1's templates) when the template is opaque otherwise, else None.
 
@@ -70,7 +76,12 @@ def needles(template: str, special_tokens: Sequence[str] = ()) -> Optional[froze
     is never run for it: that code is not analysed. A row with a needle in a content is rendered
     row by row. ``("edge", chars)``: the content is stripped of ``chars`` (Qwen 3's
     ``content.lstrip('\n')``), the content itself unless it starts or ends with one of them (no
-    placeholder does); a row whose content does is rendered row by row."""
+    placeholder does); a row whose content does is rendered row by row.
+
+    ``segments``: the code behind the needle tests is analysed too, and may also split a content
+    on a needle (``content.split('</think>')[0]``) and strip a part's ends (``.rstrip('\n')``);
+    then a row whose content holds needles is spliced as well, its contents cut around them
+    (``shape``). None where the template does more than that with a content."""
     if not template or any(mark in text for mark in MARKS for text in (template, *special_tokens)):
         return None
     try:
@@ -79,7 +90,7 @@ def needles(template: str, special_tokens: Sequence[str] = ()) -> Optional[froze
         tree = _compile_jinja_template(template).environment.parse(template)
     except Exception:  # another transformers, or a template jinja rejects: row by row
         return None
-    taint = _Taint()
+    taint = _Taint(segments)
     try:
         for _ in range(8):  # until no name gains a taint: an earlier use may read a later binding
             taint.changed = False
@@ -96,7 +107,8 @@ class _Taint:
     """What each template name may hold (``LIST``, ``MESSAGE``, ``TEXT``), and the check that
     every use of those is one that keeps the content opaque."""
 
-    def __init__(self) -> None:
+    def __init__(self, segments: bool = False) -> None:
+        self.segments = segments  # needle tests decide nothing: both branches are analysed (see ``needles``)
         self.names: dict[str, str] = {"messages": LIST}
         self.untainted: set[str] = set()  # names also bound to something else than a content/message/list
         self.macros: dict = {}  # name -> the template's {% macro %} node
@@ -238,6 +250,9 @@ class _Taint:
                 return LIST if isinstance(node.arg, n.Slice) else MESSAGE
             if kind == MESSAGE and isinstance(node.arg, n.Const):
                 return self.field(kind, node.arg.value, False)
+            index = node.arg.node if isinstance(node.arg, n.Neg) else node.arg  # parts[0], parts[-1]
+            if kind == PARTS and isinstance(index, n.Const) and type(index.value) is int:
+                return BARE  # a part of a content: a piece of it, as a content is (see ``shape``)
             if kind is not None:
                 raise _NotOpaque
             self.clean(node.arg)
@@ -321,10 +336,10 @@ class _Taint:
             return (not stop) if left is not None and right is not None else None
         if isinstance(test, n.Compare) and isinstance(test.expr, n.Const) and len(test.ops) == 1 \
                 and test.ops[0].op in ("in", "notin") and self.expr(test.ops[0].expr) == BARE:
-            return test.ops[0].op == "notin"
+            return None if self.segments else test.ops[0].op == "notin"
         if (isinstance(test, n.Call) and isinstance(test.node, n.Getattr)
                 and test.node.attr in ("startswith", "endswith") and self.expr(test.node.node) == BARE):
-            return False
+            return None if self.segments else False
         if isinstance(test, n.Test) and test.name == "string" and not test.args and self.always_text(test.node):
             return True
         return None
@@ -374,6 +389,12 @@ class _Taint:
             # row by row (an edge needle: ("edge", chars))
             self.needles.add(("edge", node.args[0].value))
             return BARE
+        if (self.segments and isinstance(callee, n.Getattr) and callee.attr == "split" and not node.kwargs
+                and node.dyn_args is None and node.dyn_kwargs is None and len(node.args) == 1
+                and isinstance(node.args[0], n.Const) and self.expr(callee.node) == BARE):
+            # Qwen 3.5's content.split('</think>'): on a needle, which every content is cut around (``shape``)
+            self.add_needle(node.args[0].value)
+            return PARTS
         self.clean(*node.args[1:], *(kw.value for kw in node.kwargs), node.dyn_args, node.dyn_kwargs)
         if isinstance(callee, n.Getattr) and callee.attr == "get" and self.expr(callee.node) == MESSAGE:
             if node.args and isinstance(node.args[0], n.Const):
@@ -463,7 +484,7 @@ class Skeleton:
     index among the trained turns and the (literals, refs) of its inference prompt and of its
     render up to it (None: the training render itself), spliced per row and held against the
     row's text as the row-by-row path holds its renders (``turn_span``). ``shown``: the messages
-    whose content the training render holds (as it is, or trimmed)."""
+    whose content the training render holds as it is."""
 
     literals: tuple[str, ...]
     refs: tuple[tuple[int, bool], ...]
@@ -493,9 +514,10 @@ class Splicer:
     """Renders chat rows of one encoder by splicing; ``splice`` gives (text, generation spans,
     turn spans, turn problems) exactly as the row-by-row renders would, or None (then render the row)."""
 
-    def __init__(self, char_budget: int, needles: frozenset = frozenset()) -> None:
+    def __init__(self, char_budget: int, needles: frozenset = frozenset(), segments: bool = False) -> None:
         self.char_budget = char_budget
-        self.needles = needles  # a row with one of them in a content goes row by row (see ``needles``)
+        self.needles = needles  # a row with one of them in a content goes row by row (see ``needles``)...
+        self.segments = segments  # ...or, where the template was analysed for it, is cut around them (``shape``)
         self.skeletons: dict = {}
 
     def splice(self, chat, render: Callable, render_marked: Optional[Callable]
@@ -505,18 +527,19 @@ class Splicer:
         generation spans are not wanted. The turn spans: per trained message whose renders are
         prefixes of the text (``turn_span``); the problems: those ``turn_span`` found; the
         messages whose content the text holds (``Skeleton.shown``)."""
-        key = structure(chat, self.needles)
-        if key is None:
+        found = _structure(chat, self.needles, self.segments)
+        if found is None:
             return None
+        key, shapes = found
         try:
             skeleton = self.skeletons[key]
         except KeyError:
             if len(self.skeletons) >= MAX_STRUCTURES:
                 self.skeletons.clear()
-            skeleton = self.skeletons[key] = _skeleton(chat, render, render_marked)
+            skeleton = self.skeletons[key] = _skeleton(chat, render, render_marked, shapes=shapes)
         if skeleton is None:
             return None
-        contents = [m["content"] for m in chat.messages]
+        contents = _contents(chat, key[1], shapes)
         if max(map(len, contents), default=0) > self.char_budget:
             return None  # the row-by-row path clips such contents
         literals = skeleton.literals
@@ -547,17 +570,18 @@ class Splicer:
         prompt: what the row-by-row path renders before each trained turn), spliced into the skeleton
         of those messages' structure; None where it cannot be (then render it)."""
         head = _Head(tuple(chat.messages[:count]), chat.tools)
-        key = structure(head, self.needles)
-        if key is None:
+        found = _structure(head, self.needles, self.segments)
+        if found is None:
             return None
-        key = ("prompt", key)
+        key, shapes = found
         try:
-            skeleton = self.skeletons[key]
+            skeleton = self.skeletons["prompt", key]
         except KeyError:
             if len(self.skeletons) >= MAX_STRUCTURES:
                 self.skeletons.clear()
-            skeleton = self.skeletons[key] = _skeleton(head, render, None, generation_prompt=True)
-        contents = [m["content"] for m in head.messages]
+            skeleton = self.skeletons["prompt", key] = _skeleton(head, render, None, generation_prompt=True,
+                                                                 shapes=shapes)
+        contents = _contents(head, key[1], shapes)
         if skeleton is None or max(map(len, contents), default=0) > self.char_budget:
             return None
         return _joined((skeleton.literals, skeleton.refs), contents)
@@ -596,11 +620,12 @@ def _parsed(text: str) -> Optional[tuple[tuple[str, ...], tuple[tuple[int, bool]
 
 
 def _skeleton(chat, render: Callable, render_marked: Optional[Callable],
-              generation_prompt: bool = False) -> Optional[Skeleton]:
+              generation_prompt: bool = False, shapes: Optional[tuple] = None) -> Optional[Skeleton]:
     """The structure's renders with placeholder contents, or None where splicing cannot be
     trusted for it (a render fails, a placeholder is cut or changed). ``generation_prompt``: the render is
-    the one with the generation prompt (``render_marked`` then None)."""
-    messages = _placeholders(chat)
+    the one with the generation prompt (``render_marked`` then None). ``shapes``: per message, its
+    content cut around needles (``shape``), or None: the content whole."""
+    messages = _placeholders(chat, "", shapes)
     tools = chat.tools
     try:
         if render_marked is not None:
@@ -621,9 +646,9 @@ def _skeleton(chat, render: Callable, render_marked: Optional[Callable],
                 odd.append((n, prompt, None if upto is text else upto))
     except Exception:  # the row-by-row path reports the template's error
         return None
-    if not (_verbatim(chat, text, render, tools, None, generation_prompt) and all(
-            _verbatim(chat, prompt, render, tools, chat.trained[n], True)
-            and (upto is None or _verbatim(chat, upto, render, tools, chat.trained[n] + 1))
+    if not (_verbatim(chat, text, render, tools, None, generation_prompt, shapes) and all(
+            _verbatim(chat, prompt, render, tools, chat.trained[n], True, shapes)
+            and (upto is None or _verbatim(chat, upto, render, tools, chat.trained[n] + 1, shapes=shapes))
             for n, prompt, upto in odd)):
         return None
     parsed = _parsed(text)
@@ -638,23 +663,26 @@ def _skeleton(chat, render: Callable, render_marked: Optional[Callable],
         return None
     marked = len(spans or ()) * 2
     found = iter(_pairs(located[marked:]))
-    placed = {k for k, _ in refs}
+    # a content written whole (not trimmed: a trimmed content of tags and spaces only shows as no text)
+    whole = {k for k, trimmed in refs if not trimmed}
     return Skeleton(literals, refs, None if spans is None else _pairs(located[:marked]),
                     tuple(None if turn is None else next(found) for turn in turns),
                     tuple((n, p[:2], None if u is None else u[:2]) for n, p, u in renders),  # type: ignore[index]
-                    frozenset(i for i, k in enumerate(_first_equal(chat)) if k in placed))
+                    frozenset(i for i, slots in enumerate(_slots(chat, shapes))
+                              if (shapes is None or shapes[i] is None) and slots[0] in whole))
 
 
 # characters that escaping filters (tojson) change: a placeholder holding them must come out as it went in
 PROBE = "\"\\\n\t'<>&é"
 
 
-def _verbatim(chat, text: str, render: Callable, tools, count: Optional[int] = None, prompt: bool = False) -> bool:
+def _verbatim(chat, text: str, render: Callable, tools, count: Optional[int] = None, prompt: bool = False,
+              shapes: Optional[tuple] = None) -> bool:
     """Whether each content goes into the training render as it is: the render with placeholders
     holding PROBE is ``text`` with PROBE inside each placeholder (a template escaping a content,
     as ``| tojson`` does, changes it). ``count`` and ``prompt``: ``text`` is the render of the
     first ``count`` messages, with the generation prompt when ``prompt``."""
-    messages = _placeholders(chat, PROBE)
+    messages = _placeholders(chat, PROBE, shapes)
     try:
         probed = render(messages[:count], prompt, tools)
     except Exception:
@@ -662,12 +690,52 @@ def _verbatim(chat, text: str, render: Callable, tools, count: Optional[int] = N
     return probed == re.sub(f"{OPEN}(\\d+){CLOSE}", lambda m: f"{OPEN}{m.group(1)}{PROBE}{CLOSE}", text)
 
 
-def _placeholders(chat, probe: str = "") -> list[dict]:
-    """The messages with each content a placeholder (``probe`` inside it); equal contents get one
-    placeholder, the first's, so that messages equal in the row are equal in the skeleton."""
+def _placeholders(chat, probe: str = "", shapes: Optional[tuple] = None) -> list[dict]:
+    """The messages with each content a placeholder (``probe`` inside it), or a content cut around
+    needles (``shapes``) its literals with an unpadded placeholder for each core; equal contents get the
+    placeholders of the first, so that messages equal in the row are equal in the skeleton.
+    Placeholder k stands for ``_contents(...)[k]``."""
+    out = []
+    for m, slots, cut in zip(chat.messages, _slots(chat, shapes), shapes or itertools.repeat(None)):
+        if cut is None:
+            content = f"{PAD}{OPEN}{slots[0]}{probe}{CLOSE}{PAD}" if m["content"] else ""
+        else:
+            # a core has no whitespace at its ends: its placeholder no padding (a strip leaves both alone)
+            literals = cut[0]
+            content = literals[0] + "".join(f"{OPEN}{k}{probe}{CLOSE}{literal}"
+                                            for k, literal in zip(slots, literals[1:]))
+        out.append(dict(m, content=content))
+    return out
+
+
+def _slots(chat, shapes: Optional[tuple]) -> list[tuple[int, ...]]:
+    """Per message, the indices in ``_contents`` of what its placeholders stand for: the first equal
+    content's index, or where the first equal content's cores are."""
     first = _first_equal(chat)
-    return [dict(m, content=f"{PAD}{OPEN}{k}{probe}{CLOSE}{PAD}" if m["content"] else "")
-            for m, k in zip(chat.messages, first)]
+    if not shapes or all(cut is None for cut in shapes):
+        return [(k,) for k in first]
+    at = len(first)
+    slots: list[tuple[int, ...]] = []
+    for i, (k, cut) in enumerate(zip(first, shapes)):
+        if cut is None:
+            slots.append((k,))
+        elif k == i:
+            slots.append(tuple(range(at, at + len(cut[1]))))
+            at += len(cut[1])
+        else:
+            slots.append(slots[k])
+    return slots
+
+
+def _contents(chat, first: tuple[int, ...], shapes: Optional[tuple]) -> list[str]:
+    """What a row's placeholders stand for (``_slots``): each message's content, then the cores of
+    each first of equal contents cut around needles."""
+    contents = [m["content"] for m in chat.messages]
+    if shapes:
+        for i, (k, cut) in enumerate(zip(first, shapes)):
+            if cut is not None and k == i:
+                contents += cut[1]
+    return contents
 
 
 def _first_equal(chat) -> tuple[int, ...]:
@@ -688,13 +756,22 @@ def _locate(starts: list[int], literals: Sequence[str], position: int) -> Option
     return None
 
 
-def structure(chat, needles: frozenset = frozenset()) -> Optional[tuple]:
+def structure(chat, needles: frozenset = frozenset(), segments: bool = False) -> Optional[tuple]:
     """What a render depends on besides the contents (None: the row cannot be spliced): each
     message's other fields, whether its content is empty, which turns train, the tools.
-    ``needles``: strings the template tests a content for (see ``needles``)."""
-    parts: list[tuple[str | tuple, bool]] = []
+    ``needles``: strings the template tests a content for (see ``needles``); ``segments``: a
+    content holding one is cut around them (``shape``), its literals part of the structure."""
+    found = _structure(chat, needles, segments)
+    return None if found is None else found[0]
+
+
+def _structure(chat, needles: frozenset, segments: bool) -> Optional[tuple[tuple, Optional[tuple]]]:
+    """``structure``, and per message its content cut around needles (``shape``) or None (None
+    for all when none is)."""
+    parts: list[tuple] = []
+    shapes: Optional[list] = None
     kept: Optional[str | tuple]
-    for m in chat.messages:
+    for n, m in enumerate(chat.messages):
         content = m.get("content")
         if not isinstance(content, str) or (content and not content.strip()):
             return None
@@ -702,12 +779,18 @@ def structure(chat, needles: frozenset = frozenset()) -> Optional[tuple]:
             return None
         if needles and any(_edged(content, needle[1]) if isinstance(needle, tuple) else needle in content
                            for needle in needles):
-            return None
+            cut = shape(content, needles) if segments else None
+            if cut is None:
+                return None
+            if shapes is None:
+                shapes = [None] * len(chat.messages)
+            shapes[n] = cut
         if len(m) == 2 and type(m.get("role")) is str:  # the usual message: its role and its content
             role = m["role"]
             if OPEN in role or CLOSE in role or PAD in role:
                 return None
-            parts.append(((("role", role),), bool(content)))
+            parts.append(((("role", role),), bool(content)) if shapes is None or shapes[n] is None
+                         else ((("role", role),), True, shapes[n][0]))
             continue
         fields = tuple((k, v) for k, v in m.items() if k != "content")
         kept = fields  # the fields, or their JSON where some value is not a string
@@ -720,11 +803,49 @@ def structure(chat, needles: frozenset = frozenset()) -> Optional[tuple]:
             joined = "".join(values)  # a mark in one of them is a mark in their join (the marks are one character)
             if OPEN in joined or CLOSE in joined or PAD in joined:
                 return None
-        parts.append((kept, bool(content)))
+        parts.append((kept, bool(content)) if shapes is None or shapes[n] is None else (kept, True, shapes[n][0]))
     tools = _dumped(chat.tools) if chat.tools else ""
     if tools is None:
         return None
-    return tuple(parts), _first_equal(chat), chat.trained, tools
+    return (tuple(parts), _first_equal(chat), chat.trained, tools), None if shapes is None else tuple(shapes)
+
+
+def shape(content: str, needles: frozenset) -> Optional[tuple[tuple[str, ...], list[str]]]:
+    """``content`` cut around every occurrence of the string ``needles`` and the whitespace next to
+    them: (literals, cores), the content being literals[0] + cores[0] + literals[1] + ... +
+    literals[-1]; each core is stripped and holds no needle, so a template that splits a content
+    on needles, strips a part's ends and tests parts for needles (``needles(..., segments=True)``)
+    does to each core's placeholder what it does to the core. None where a core starts or ends
+    with a character an edge needle strips (its placeholder would not be stripped)."""
+    found = []
+    for needle in needles:
+        if isinstance(needle, str):
+            at = content.find(needle)
+            while at >= 0:
+                found.append((at, at + len(needle)))
+                at = content.find(needle, at + 1)
+    regions: list[tuple[int, int]] = []
+    for a, b in sorted(found):  # overlapping occurrences are one literal
+        if regions and a <= regions[-1][1]:
+            regions[-1] = (regions[-1][0], max(regions[-1][1], b))
+        else:
+            regions.append((a, b))
+    literals, cores, held, at = [], [], "", 0
+    for a, b in [*regions, (len(content), len(content))]:
+        gap = content[at:a]
+        core = gap.strip()
+        if core:
+            literals.append(held + gap[: len(gap) - len(gap.lstrip())])
+            cores.append(core)
+            held = gap[len(gap.rstrip()):]
+        else:
+            held += gap
+        held += content[a:b]
+        at = b
+    literals.append(held)
+    if any(_edged(core, needle[1]) for needle in needles if isinstance(needle, tuple) for core in cores):
+        return None
+    return tuple(literals), cores
 
 
 def _edged(content: str, chars: str) -> bool:

@@ -158,15 +158,17 @@ def test_phi3_gguf_template_dropping_a_message_names_it(tokenizers, dropped, rol
     assert encode(enc, rest).problems == ()  # the same template with nothing to drop
 
 
-# family -> (template file, eos, bos, the strings the template tests a content for)
+# family -> (template file, eos, bos, the strings the template tests a content for or splits it on, when the
+# code behind its tests is analysed too: needles(..., segments=True))
 SPLICED = {"llama-3.1": ("Llama-3.1-8B-Instruct.jinja", "<|eot_id|>", "<|begin_of_text|>", set()),
            "mistral-nemo": ("Mistral-Nemo-Instruct-2407.jinja", "</s>", "<s>", set()),
-           "qwen3.5": ("Qwen3.5-4B.jinja", "<|im_end|>", "<s>", {"</think>", "<tool_response>", "</tool_response>"}),
+           "qwen3.5": ("Qwen3.5-4B.jinja", "<|im_end|>", "<s>",
+                       {"<think>", "</think>", "<tool_response>", "</tool_response>", ("edge", "\n")}),
            "deepseek-r1-distill": ("DeepSeek-R1-Distill-Qwen-32B.jinja", "<｜end▁of▁sentence｜>",
                                    "<｜begin▁of▁sentence｜>", {"</think>"}),
            "qwen2.5": ("Qwen2.5-7B-Instruct.jinja", "<|im_end|>", "<s>", set()),
            "qwen3": ("Qwen3-0.6B.jinja", "<|im_end|>", "<s>",
-                     {"</think>", "<tool_response>", "</tool_response>", ("edge", "\n")}),
+                     {"<think>", "</think>", "<tool_response>", "</tool_response>", ("edge", "\n")}),
            "gemma-2": ("gemma-2-2b-it.jinja", "<end_of_turn>", "<bos>", set()),
            "phi-3": ("Phi-3-gguf.jinja", "<|end|>", "<s>", set())}
 # rows whose reasoning is in the content or in reasoning_content, earlier turns' reasoning, a user
@@ -183,7 +185,7 @@ def test_family_templates_take_the_fast_path_and_splice_exactly(name):
     """Their constructs ('tool_calls' in message, message == user_messages[-1], a tool result's
     content | tojson, Qwen 3.5's render_content macro, '</think>' in content before a split) are
     proved or probed, and the spliced rows equal the row-by-row ones; a row with a needle in a
-    content goes row by row."""
+    content is spliced too, its contents cut around the needles (the reasoning split off)."""
     from pytest_ftready.data.layouts import row_problems
     from pytest_ftready.data.skeleton import needles
     from pytest_ftready.tiny import build_tokenizer
@@ -191,7 +193,7 @@ def test_family_templates_take_the_fast_path_and_splice_exactly(name):
 
     file, eos, bos, tested = SPLICED[name]
     template = (TEMPLATES / file).read_text()
-    assert needles(template) == tested
+    assert needles(template, segments=True) == tested
     tool_turns = {"messages": [{"role": "user", "content": "Weather in Oslo?"},
                                {"role": "assistant", "content": "Let me look."},
                                {"role": "user", "content": "Weather in Oslo?"},  # equal to an earlier message
@@ -200,7 +202,7 @@ def test_family_templates_take_the_fast_path_and_splice_exactly(name):
                                {"role": "user", "content": "Thanks"}, {"role": "assistant", "content": "You're welcome."}]}
     rows = [Row("t.jsonl", n, variants(data, k)) for n, (k, data) in enumerate(
         (k, data) for k in range(2) for data in SPLICE_ROWS + [tool_turns] + REASONING_ROWS)]
-    spliced = 0
+    spliced = cut = 0
     for train_on in ("assistant", "last_assistant"):
         tok = build_tokenizer(template, eos=eos, bos=bos)
         enc = Encoder(tok, SimpleNamespace(format="auto", train_on=train_on, max_length=512, add_special_tokens=False),
@@ -210,13 +212,14 @@ def test_family_templates_take_the_fast_path_and_splice_exactly(name):
         assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs], train_on
         taken = [hasattr(s, "messages") and enc.fast.splicer.splice(s, enc.render, None) is not None for _, s in pairs]
         spliced += sum(taken)
-        for (row, sample), took in zip(pairs, taken):
+        for (_, sample), took in zip(pairs, taken):
             if any(needle in m["content"] for m in getattr(sample, "messages", ()) for needle in tested
                    if isinstance(needle, str)):
-                assert not took, row.data  # '</think>' in a content: the template splits it, row by row
+                cut += took  # '</think>' in a content: cut around it, spliced
     # DeepSeek-R1-Distill's inference prompt ends "<think>\n</think>", which its training render never holds: no
     # trained turn passes the prefix check (the rows fail data.template), its renders spliced and held per row
     assert spliced > 20, spliced
+    assert (cut > 0) == (name in ("qwen3.5", "qwen3", "deepseek-r1-distill")), cut
 
 
 LOOP = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
@@ -284,25 +287,28 @@ def test_reasoning_content_a_template_drops_is_named_and_one_it_renders_passes(t
     assert [kind for kind, _ in problems] == ["empty_reasoning_trained"]
 
 
-def test_fuzzed_reasoning_contents_on_qwen35_splice_exactly():
+@pytest.mark.parametrize("family", ["qwen3.5", "qwen3", "deepseek-r1-distill"])
+def test_fuzzed_reasoning_contents_splice_exactly(family):
     """Contents made of the needles' pieces ("</think>", a half of it, "<tool_response>"...), whitespace
-    and marks: the batched (spliced where it can) path equals the row-by-row one on Qwen 3.5."""
+    and marks: the batched (spliced where it can, contents cut around the needles) path equals the
+    row-by-row one on Qwen 3.5, Qwen 3 and DeepSeek-R1-Distill, which split the reasoning off a content."""
     from hypothesis import example, given, settings
     from hypothesis import strategies as st
 
     from pytest_ftready.data.layouts import row_problems
     from pytest_ftready.tiny import build_tokenizer
 
-    tok = build_tokenizer(QWEN35, eos="<|im_end|>")
+    file, eos, bos, _ = SPLICED[family]
+    tok = build_tokenizer((TEMPLATES / file).read_text(), eos=eos, bos=bos)
     enc = Encoder(tok, SimpleNamespace(format="auto", train_on="last_assistant", max_length=96,
                                        add_special_tokens=False), stop_token_ids(tok))
-    assert enc.fast.splicer is not None
+    assert enc.fast.splicer is not None and enc.fast.splicer.segments
     pieces = st.lists(st.sampled_from(["a", " ", "\n", "<think>", "</think>", "</thi", "nk>", "<tool_response>",
                                        "</tool_response>", "<|im_end|>", "\u3000", "é"]), max_size=6).map("".join)
     turns = st.lists(st.tuples(st.sampled_from(["user", "tool"]), pieces, pieces), min_size=1, max_size=3)
 
     # derandomize seeds from this function's source: a few plain conversations that always splice keep
-    # "both paths were compared" true whatever the edit
+    # "spliced rows were compared" true whatever the edit
     plain = [[("user", "a" * (k + 1), " a" * (k + 1))] for k in range(6)]
 
     @settings(max_examples=80, deadline=None, database=None, derandomize=True)
@@ -322,10 +328,12 @@ def test_fuzzed_reasoning_contents_on_qwen35_splice_exactly():
             sample = read_sample(row, "auto", "last_assistant")[0]
             assert enc.encode_many([(row, sample)]) == [enc.encode(row, sample)]
             taken.append(enc.fast.splicer.splice(sample, enc.render, None) is not None)
+            cut.append(taken[-1] and any("</think>" in m["content"] for m in messages))
 
     taken: list = []
+    cut: list = []
     check()
-    assert 5 < sum(taken) < len(taken) - 5, taken  # both paths were compared
+    assert sum(taken) > 5 and sum(cut) > 5, (taken, cut)  # spliced rows, reasoning split off some, were compared
 
 
 
