@@ -171,6 +171,23 @@ def test_fuzzed_contents_encode_many_is_encode(tokenizers, turns, name):  # noqa
     assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
 
 
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.lists(st.sampled_from(["a", "bc", " ", "\n", "\t", "<think>", "</think>", "</thi", "nk>", "<think></think>",
+                                 "'", "é"]), max_size=10).map("".join))
+def test_a_content_is_cut_around_its_needles(content):
+    """``shape``: the literals and the cores put back together are the content; each core is
+    stripped and holds no needle; a core starting or ending with an edge needle's character is refused."""
+    from pytest_ftready.data.skeleton import shape
+
+    needles_ = frozenset({"<think>", "</think>", ("edge", "\n")})
+    literals, cores = shape(content, needles_)
+    assert len(literals) == len(cores) + 1
+    assert "".join(lit + core for lit, core in zip(literals, [*cores, ""])) == content
+    assert all(core and core == core.strip() and "<think>" not in core and "</think>" not in core for core in cores)
+    assert (shape(content, needles_ | {("edge", "'")}) is None) == any(core[0] == "'" or core[-1] == "'"
+                                                                      for core in cores)
+
+
 @pytest.mark.parametrize("text,rows", [("ascii", 1500), ("typographic", 300), ("cyrillic", 300)])
 def test_a_pass_over_a_generated_corpus_is_the_same_spliced_or_row_by_row(tmp_path, tiny_model_dir, text, rows):
     """The issue's proof in small: every problem, length and the fingerprint of every row's tokens
