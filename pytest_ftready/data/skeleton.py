@@ -527,7 +527,7 @@ class Splicer:
         generation spans are not wanted. The turn spans: per trained message whose renders are
         prefixes of the text (``turn_span``); the problems: those ``turn_span`` found; the
         messages whose content the text holds (``Skeleton.shown``)."""
-        found = _structure(chat, self.needles, self.segments)
+        found = structure(chat, self.needles, self.segments)
         if found is None:
             return None
         key, shapes = found
@@ -570,18 +570,18 @@ class Splicer:
         prompt: what the row-by-row path renders before each trained turn), spliced into the skeleton
         of those messages' structure; None where it cannot be (then render it)."""
         head = _Head(tuple(chat.messages[:count]), chat.tools)
-        found = _structure(head, self.needles, self.segments)
+        found = structure(head, self.needles, self.segments)
         if found is None:
             return None
-        key, shapes = found
+        structure_key, shapes = found
+        key = ("prompt", structure_key)
         try:
-            skeleton = self.skeletons["prompt", key]
+            skeleton = self.skeletons[key]
         except KeyError:
             if len(self.skeletons) >= MAX_STRUCTURES:
                 self.skeletons.clear()
-            skeleton = self.skeletons["prompt", key] = _skeleton(head, render, None, generation_prompt=True,
-                                                                 shapes=shapes)
-        contents = _contents(head, key[1], shapes)
+            skeleton = self.skeletons[key] = _skeleton(head, render, None, generation_prompt=True, shapes=shapes)
+        contents = _contents(head, structure_key[1], shapes)
         if skeleton is None or max(map(len, contents), default=0) > self.char_budget:
             return None
         return _joined((skeleton.literals, skeleton.refs), contents)
@@ -756,18 +756,13 @@ def _locate(starts: list[int], literals: Sequence[str], position: int) -> Option
     return None
 
 
-def structure(chat, needles: frozenset = frozenset(), segments: bool = False) -> Optional[tuple]:
+def structure(chat, needles: frozenset = frozenset(), segments: bool = False
+              ) -> Optional[tuple[tuple, Optional[tuple]]]:
     """What a render depends on besides the contents (None: the row cannot be spliced): each
-    message's other fields, whether its content is empty, which turns train, the tools.
+    message's other fields, whether its content is empty, which turns train, the tools; and per
+    message its content cut around needles (``shape``) or None (None for all when none is).
     ``needles``: strings the template tests a content for (see ``needles``); ``segments``: a
-    content holding one is cut around them (``shape``), its literals part of the structure."""
-    found = _structure(chat, needles, segments)
-    return None if found is None else found[0]
-
-
-def _structure(chat, needles: frozenset, segments: bool) -> Optional[tuple[tuple, Optional[tuple]]]:
-    """``structure``, and per message its content cut around needles (``shape``) or None (None
-    for all when none is)."""
+    content holding one is cut around them, its literals part of the structure."""
     parts: list[tuple] = []
     shapes: Optional[list] = None
     kept: Optional[str | tuple]
@@ -789,21 +784,21 @@ def _structure(chat, needles: frozenset, segments: bool) -> Optional[tuple[tuple
             role = m["role"]
             if OPEN in role or CLOSE in role or PAD in role:
                 return None
-            parts.append(((("role", role),), bool(content)) if shapes is None or shapes[n] is None
-                         else ((("role", role),), True, shapes[n][0]))
-            continue
-        fields = tuple((k, v) for k, v in m.items() if k != "content")
-        kept = fields  # the fields, or their JSON where some value is not a string
-        values = [v for _, v in fields]
-        if not all(isinstance(v, str) for v in values):
-            kept = _dumped(fields)
-            if kept is None:
-                return None
+            kept = (("role", role),)
         else:
-            joined = "".join(values)  # a mark in one of them is a mark in their join (the marks are one character)
-            if OPEN in joined or CLOSE in joined or PAD in joined:
-                return None
-        parts.append((kept, bool(content)) if shapes is None or shapes[n] is None else (kept, True, shapes[n][0]))
+            fields = tuple((k, v) for k, v in m.items() if k != "content")
+            kept = fields  # the fields, or their JSON where some value is not a string
+            values = [v for _, v in fields]
+            if not all(isinstance(v, str) for v in values):
+                kept = _dumped(fields)
+                if kept is None:
+                    return None
+            else:
+                joined = "".join(values)  # a mark in one of them is a mark in their join (the marks are one character)
+                if OPEN in joined or CLOSE in joined or PAD in joined:
+                    return None
+        cut = None if shapes is None else shapes[n]
+        parts.append((kept, bool(content)) if cut is None else (kept, True, cut[0]))
     tools = _dumped(chat.tools) if chat.tools else ""
     if tools is None:
         return None

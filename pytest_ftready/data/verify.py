@@ -46,7 +46,7 @@ def verify_turns(chat, text: str, offsets, trained: list[bool], train_on: str,
         sorted_starts = [starts[k] for k in order]
     problems = []
     cursor = 0
-    turns = chat.trained if len(chat.trained) < 8 else set(chat.trained)
+    turns = set(chat.trained)
     find = text.find
     for i, message in enumerate(chat.messages):
         content = message.get("content")
