@@ -26,7 +26,7 @@ from .encoded import Encoded
 from .layouts import Chat, Sample
 from .rows import Row
 from .skeleton import Splicer, needles
-from .tiling import ASCII, UTF8, Widths, columns, columns_many, holder, widths
+from .tiling import ASCII, UTF8, Columns, Widths, columns, columns_many, holder, widths
 from .verify import dropped_by_template
 
 
@@ -283,7 +283,7 @@ class _Encoding:
     __slots__ = ("encoding", "input_ids", "_offsets", "columns")
 
     def __init__(self, encoding, ids: Optional[list[int]] = None,
-                 columns: Optional[tuple[list[int], list[int]]] = None) -> None:
+                 columns: Optional[Columns] = None) -> None:
         self.encoding, self.input_ids = encoding, (encoding.ids if ids is None else ids)
         self._offsets: Optional[list] = None
         self.columns = columns

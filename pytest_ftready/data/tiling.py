@@ -34,7 +34,8 @@ import bisect
 import itertools
 import json
 import unicodedata
-from typing import Optional, Sequence
+import array
+from typing import Any, Optional, Sequence
 
 NO_WIDTH = -(1 << 40)  # a token whose width in bytes is not known: a sum with it never matches
 NORMALIZERS = frozenset({"NFC", "NFD", "NFKC", "NFKD"})  # the identity on a text already in that form
@@ -216,10 +217,10 @@ def columns(table: Optional[Widths], text: str, ids: list[int],
     import numpy
 
     index = numpy.array(ids, dtype=numpy.int64)
-    array = table.array()
-    if index.max() >= len(array):  # an id beyond the vocabulary
+    vocabulary = table.array()
+    if index.max() >= len(vocabulary):  # an id beyond the vocabulary
         return None
-    sizes = array[index]
+    sizes = vocabulary[index]
     if starts:
         sizes[starts] = pieces.array()[index[starts]]  # type: ignore[union-attr]
     last = numpy.cumsum(sizes) - 1  # each token's last byte
@@ -236,14 +237,25 @@ def columns(table: Optional[Widths], text: str, ids: list[int],
     return firsts.tolist(), ends.tolist()
 
 
+Columns = tuple[Sequence[int], Sequence[int]]  # the tokens' (starts, ends)
+
+
 def columns_many(table: Widths, texts: list[str], given: Sequence[Optional[list[int]]],
-                 kinds: list[Optional[str]]) -> list[Optional[tuple[list[int], list[int]]]]:
+                 kinds: list[Optional[str]]) -> list[Optional[Columns]]:
     """``[columns(table, text, i, kind) for text, i, kind in zip(texts, given, kinds)]`` for the
-    texts of a kind (None for those of none: not read), the ASCII ones read together (one numpy
-    pass over all their tokens instead of a Python pass per text), the others one by one."""
-    out: list[Optional[tuple[list[int], list[int]]]] = [None] * len(texts)
+    texts of a kind (None for those of none: not read), read together: one numpy pass over all
+    their tokens instead of a Python pass per text (their columns are ``array("q")``s, copied out
+    of numpy's without a Python int per token); a lone text, or one of no tokens, alone."""
+    out: list[Optional[Columns]] = [None] * len(texts)
     ids = [i or [] for i in given]  # those of no kind may be None
-    together = [n for n, (i, kind) in enumerate(zip(ids, kinds)) if kind == ASCII and i]
+    data: dict[int, bytes] = {}  # the UTF-8 bytes of the texts of other than ASCII
+    for n, (i, kind) in enumerate(zip(ids, kinds)):
+        if kind == UTF8 and i:
+            try:
+                data[n] = texts[n].encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate: not read (columns says None)
+                pass
+    together = [n for n, (i, kind) in enumerate(zip(ids, kinds)) if i and (kind == ASCII or n in data)]
     if len(together) < 2:
         together = []
     for n in sorted(set(range(len(texts))).difference(together)):
@@ -255,13 +267,13 @@ def columns_many(table: Widths, texts: list[str], given: Sequence[Optional[list[
 
     lengths = numpy.fromiter((len(ids[n]) for n in together), numpy.int64, len(together))
     flat = numpy.fromiter(itertools.chain.from_iterable(ids[n] for n in together), numpy.int64, int(lengths.sum()))
-    array = table.array()
-    if int(flat.max()) >= len(array):  # an id beyond the vocabulary: those rows have none
+    vocabulary = table.array()
+    if int(flat.max()) >= len(vocabulary):  # an id beyond the vocabulary: those rows have none
         for n in together:
             out[n] = columns(table, texts[n], ids[n], kinds[n])
         return out
     firsts_at = numpy.cumsum(lengths) - lengths  # each text's first token in ``flat``
-    sizes = array[flat]
+    sizes = vocabulary[flat]
     pieces = table.pieces
     starts = None  # the tokens that start with a prepended ▁ (SentencePiece.starts of each text)
     if pieces is not None and pieces.scheme != "never":
@@ -278,26 +290,41 @@ def columns_many(table: Widths, texts: list[str], given: Sequence[Optional[list[
     # a token of no fixed width: its text is not read from widths (a sum with NO_WIDTH never matches)
     unknown = sizes < 0
     sizes[unknown] = 0
+    # each token's first byte and end in its text (in characters, for an ASCII text)
     ends = numpy.cumsum(sizes)
     ends -= numpy.repeat(ends[firsts_at] - sizes[firsts_at], lengths)  # each text's own running sum
     firsts = ends - sizes
     last_at = firsts_at + lengths - 1
-    ok = ends[last_at] == numpy.fromiter((len(texts[n]) for n in together), numpy.int64, len(together))
+    size = numpy.fromiter((len(data[n]) if n in data else len(texts[n]) for n in together), numpy.int64,
+                          len(together))
+    ok = ends[last_at] == size
     if unknown.any():
         ok &= numpy.add.reduceat(unknown, firsts_at) == 0
+    if data:  # bytes to characters: each byte's character is the running count of the bytes that start one
+        wide = numpy.fromiter((n in data for n in together), bool, len(together))
+        blob = numpy.frombuffer(b"".join(data[n] for n in together if n in data), numpy.uint8)
+        char = numpy.cumsum((blob & 0xC0) != 0x80) - 1
+        at = numpy.cumsum(size[wide]) - size[wide]  # each such text's first byte in ``blob``
+        tokens: Any = numpy.repeat(wide, lengths)  # the tokens of those texts
+        base: Any = numpy.repeat(at, lengths[wide])
+        before: Any = numpy.repeat(char[at], lengths[wide])  # the characters before each such text
+        top = len(blob) - 1  # a text whose tokens do not cover it may point past its bytes (it is not ok)
+        firsts[tokens] = char[numpy.clip(base + firsts[tokens], 0, top)] - before
+        ends[tokens] = char[numpy.clip(base + ends[tokens] - 1, 0, top)] - before + 1
     if starts is not None:
         alone = starts[sizes[starts] == 0]  # the prepended ▁ alone: it holds the stretch's first character
         if alone.size:
             row = numpy.searchsorted(firsts_at, alone, side="right") - 1
             ok[row[alone == last_at[row]]] = False
             ends[alone] = firsts[alone] + 1
-    all_firsts, all_ends = firsts.tolist(), ends.tolist()
+    all_firsts, all_ends = (array.array("q", column.astype(numpy.int64, copy=False).tobytes())
+                            for column in (firsts, ends))
     for n, a, b, good in zip(together, firsts_at.tolist(), (last_at + 1).tolist(), ok.tolist()):
         out[n] = (all_firsts[a:b], all_ends[a:b]) if good else None
     return out
 
 
-def holder(ends: list[int], char: int) -> Optional[int]:
+def holder(ends: Sequence[int], char: int) -> Optional[int]:
     """The token that holds character ``char`` of a tiled text (``ends``: its tokens' ends), as
     ``Encoding.char_to_token`` answers: the first of two that share it, None outside the text."""
     at = bisect.bisect_right(ends, char)

@@ -68,7 +68,7 @@ def verify_turns(chat, text: str, offsets, trained: list[bool], train_on: str,
         flags = trained[lo:hi] if order is None else [trained[order[k]] for k in range(lo, hi)]
         if i in turns:
             if not all(flags):
-                problems.append(("assistant_untrained", f"{sum(1 for f in flags if not f)} of {len(flags)} tokens "
+                problems.append(("assistant_untrained", f"{len(flags) - sum(map(bool, flags))} of {len(flags)} tokens "
                                  f"of assistant turn {chat.labels[i]} carry no loss"))
         elif any(flags):
             label, role = chat.labels[i], message.get("role")
