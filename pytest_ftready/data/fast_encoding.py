@@ -9,7 +9,9 @@ row by row (``data/encoding.py``), faster, for chat rows in three steps that bui
   labelled (the backend releases the GIL);
 * **offsets from token widths**: where the tokens of a text cover it end to end, their offsets
   are read from each token's width (``data/tiling.py``) and the backend skips making them;
-  trusted for a kind of text (ASCII, other UTF-8) only once a batch's real offsets agreed.
+  trusted for a kind of text (ASCII, other UTF-8) only once a batch's real offsets agreed;
+  a SentencePiece-style normalizer is then applied before the backend (``data/prenormal.py``),
+  trusted once a batch's ids agreed.
 
 Rows none of these apply to (plain rows; rows cut at the character budget, finished from their
 render by ``Encoder.encode_rendered``) go through the row-by-row encoder. tests/data/test_fast_paths.py,
@@ -24,6 +26,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 from .encoded import Encoded
 from .layouts import Chat, Sample
+from .prenormal import Prenormal, prenormal
 from .rows import Row
 from .skeleton import Splicer, needles
 from .tiling import ASCII, UTF8, Columns, Widths, columns, columns_many, holder, widths
@@ -60,7 +63,8 @@ FIRST_BATCH_ROWS = 32
 
 
 class WidthCheck(enum.Enum):
-    """Whether the token widths give a kind of text's offsets, as the first batch with such text found."""
+    """Whether the token widths give a kind of text's offsets (or ``Prenormal`` the ids), as the first
+    batch with such text found."""
 
     UNCHECKED = "unchecked"  # no batch had text of this kind yet: tokenized with offsets, compared
     AGREES = "agrees"  # the widths gave the offsets: read from them, without offsets from the backend
@@ -90,6 +94,9 @@ class FastPaths:
             widths(backend) if backend is not None and encoder.train_on != "all" and not encoder.add_special
             else None)
         self.checks: dict[str, WidthCheck] = {ASCII: WidthCheck.UNCHECKED, UTF8: WidthCheck.UNCHECKED}
+        # the texts read from widths normalized here, where the normalizer is a SentencePiece-style one
+        self.prenormal: Optional[Prenormal] = prenormal(backend, self.widths)
+        self.prenormal_check = WidthCheck.UNCHECKED
 
     def encode_many(self, pairs: Sequence[tuple[Row, Sample]]) -> list[Encoded]:
         """``[encoder.encode(row, sample) for row, sample in pairs]``, the same Encoded, faster."""
@@ -102,7 +109,7 @@ class FastPaths:
                 waiting = None  # (batch, future of its tokenizations)
                 for batch in self._rendered_batches(pairs, out):
                     texts = [text for _, _, (text, *_) in batch]
-                    future = submit(self._tokenize_both, texts, self.kinds_from_widths())
+                    future = submit(self._tokenize_both, texts, self.kinds_from_widths(), self.trusted_prenormal())
                     if waiting is not None:
                         self._encode_batch(pairs, *waiting, out)
                     waiting = batch, future
@@ -156,16 +163,23 @@ class FastPaths:
             return frozenset()
         return frozenset(kind for kind, check in self.checks.items() if check is WidthCheck.AGREES)
 
-    def _tokenize_both(self, texts: list[str], from_widths: frozenset[str] = frozenset()
-                       ) -> tuple[list, list, Optional[list]]:
+    def trusted_prenormal(self) -> Optional[Prenormal]:
+        """The ``Prenormal`` once a batch's ids agreed with the backend's, else None."""
+        return self.prenormal if self.prenormal_check is WidthCheck.AGREES else None
+
+    def _tokenize_both(self, texts: list[str], from_widths: frozenset[str] = frozenset(),
+                       prenormalized: Optional[Prenormal] = None) -> tuple[list, list, Optional[list]]:
         """Each text's tokenization without and with the tokenizer's special tokens, and each
         text's kind where its offsets come from the widths (else None): the texts of the
-        ``from_widths`` kinds, tokenized without offsets (the backend's ``encode_batch_fast``)."""
+        ``from_widths`` kinds, tokenized without offsets (the backend's ``encode_batch_fast``, or
+        ``prenormalized``'s)."""
         backend = self.backend()
         if from_widths and hasattr(backend, "encode_batch_fast"):  # tokenizers 0.20.2+
             assert self.widths is not None
             kinds = [kind if kind in from_widths else None for kind in map(self.widths.kind, texts)]
-            fast = iter(backend.encode_batch_fast([t for t, k in zip(texts, kinds) if k], add_special_tokens=False))
+            quick = [t for t, k in zip(texts, kinds) if k]
+            fast = iter(prenormalized.tokenize(quick) if prenormalized is not None
+                        else backend.encode_batch_fast(quick, add_special_tokens=False))
             full = iter(backend.encode_batch([t for t, k in zip(texts, kinds) if not k], add_special_tokens=False))
             base = [next(fast) if k else next(full) for k in kinds]
             return base, base, kinds
@@ -184,6 +198,8 @@ class FastPaths:
             # only the backend's own encodings are read from the widths (not the tokenizer __call__'s)
             if self.widths is not None and isinstance(base[0], _Encoding):
                 self.read_columns(base, texts, [True] * len(base))
+                if self.prenormal is not None and self.prenormal_check is WidthCheck.UNCHECKED:
+                    self.check_prenormal(base, texts)
         for n, (k, chat, (text, generation, turns, problems)) in enumerate(batch):
             out[k] = self.encoder.chat_labels(pairs[k][0], chat, text, generation, turns, problems, base[n], final[n],
                                               False)
@@ -208,6 +224,16 @@ class FastPaths:
         for n, (kind, c) in found.items():
             if self.checks[kind] is not WidthCheck.DIFFERS:
                 encodings[n].columns = c
+
+    def check_prenormal(self, encodings: list, texts: list[str]) -> None:
+        """Hold ``Prenormal``'s ids against the backend's (``encodings``) on the texts that would be
+        read from widths: AGREES when all agree, DIFFERS (for good) when one does not."""
+        assert self.widths is not None and self.prenormal is not None
+        chosen = [(e, text) for e, text in zip(encodings, texts) if self.widths.kind(text) is not None]
+        if chosen:
+            found = self.prenormal.tokenize([text for _, text in chosen])
+            same = all(mine.ids == list(e.input_ids) for mine, (e, _) in zip(found, chosen))
+            self.prenormal_check = WidthCheck.AGREES if same else WidthCheck.DIFFERS
 
     def read_without_offsets(self, encodings: list, texts: list[str], kinds: list) -> list:
         """The batch's tokenizations, those without offsets (``kinds``: their kind, None for the

@@ -371,7 +371,7 @@ def test_sentencepiece_families_read_offsets_from_widths_exactly(sentencepiece_t
     """Their pipelines are read as SentencePiece-style; each render's columns from the widths are
     its offsets (ASCII or not; a text holding ▁ or <0x is not read so), the holder of each
     character ``char_to_token``'s; encode_many, which reads the rows after its first batches
-    without offsets, gives the row-by-row results."""
+    without offsets (Phi-3's normalized before the backend), gives the row-by-row results."""
     from pytest_ftready.data import fast_encoding
     from pytest_ftready.data import tiling
     from pytest_ftready.data.fast_encoding import FastPaths, WidthCheck
@@ -405,3 +405,10 @@ def test_sentencepiece_families_read_offsets_from_widths_exactly(sentencepiece_t
         assert enc.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
         assert enc.fast.checks == {tiling.ASCII: WidthCheck.AGREES, tiling.UTF8: WidthCheck.AGREES}
     assert tiling.ASCII in quick and tiling.UTF8 in quick and None in quick
+    # Phi-3's Prepend and Replace normalizer is applied before the backend, checked by the first batch
+    assert (enc.fast.prenormal is not None) == (scheme == "each")
+    if enc.fast.prenormal is not None:
+        assert enc.fast.prenormal_check is WidthCheck.AGREES
+        texts = [tok.apply_chat_template(messages, tokenize=False) for messages in chats]
+        assert [e.ids for e in enc.fast.prenormal.tokenize(texts)] == [
+            e.ids for e in tok._tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
