@@ -323,8 +323,11 @@ class Encoder:
         if not self._prompt_ignored:
             return []
         for i, (start, end) in turns.items():
-            content = next((c for c in content_texts(chat.messages[i].get("content")) if c.strip()), "")
-            at = text.find(content.strip(), start, end) if content else -1
+            content = chat.messages[i].get("content")
+            # its first text that is not whitespace, stripped
+            stripped = (content.strip() if isinstance(content, str)
+                        else next((c.strip() for c in content_texts(content) if c.strip()), ""))
+            at = text.find(stripped, start, end) if stripped else -1
             if at > start and text[start:at].strip():
                 header = text[start:at]
                 shown = f" ({header!r})" if len(header) <= 40 and not _holds_row_text(header, chat) else ""

@@ -36,8 +36,7 @@ class Prenormal:
         self.bare = bare
         # the added tokens, leftmost-longest as the backend's added vocabulary matches them: split()
         # gives the stretches between them at the even places, the tokens at the odd ones
-        either = "|".join(re.escape(c) for c in sorted(contents, key=len, reverse=True))
-        self._split = re.compile(f"({either})").split if contents else None
+        self._split = re.compile(f"({longest(contents)})").split if contents else None
 
     def normalize(self, text: str) -> str:
         """``text`` as the normalizer leaves it: ``▁`` before each stretch between added tokens
@@ -51,6 +50,29 @@ class Prenormal:
     def tokenize(self, texts: list[str]) -> list:
         """The backend ``Encoding``s (ids, no offsets) of ``texts``."""
         return self.bare.encode_batch_fast([self.normalize(text) for text in texts], add_special_tokens=False)
+
+
+def longest(words: list[str]) -> str:
+    """A regular expression matching the longest of ``words`` (none empty) that starts where it
+    is tried: their trie, one branch per next character, so that a place is tried against the
+    words that share its characters so far (an alternation of Mistral v0.3's 771 control tokens,
+    tried one after the other at every ``[``, took 40 µs a row)."""
+    trie: dict = {}
+    for word in words:
+        node = trie
+        for char in word:
+            node = node.setdefault(char, {})
+        node[None] = True  # a word ends here
+
+    def branch(node: dict) -> str:
+        ways = [re.escape(char) + branch(child) for char, child in node.items() if char is not None]
+        if not ways:
+            return ""
+        if None in node:  # a word ends here: a longer one first, else this one (greedy ?)
+            return f"(?:{'|'.join(ways)})?"
+        return ways[0] if len(ways) == 1 else f"(?:{'|'.join(ways)})"
+
+    return branch(trie)
 
 
 def prenormal(backend: Any, table: Optional[Widths]) -> Optional[Prenormal]:

@@ -6,6 +6,7 @@ switched off for good, the results the row-by-row ones either way)."""
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from pytest_ftready.data import fast_encoding as fast_module
 from pytest_ftready.data import tiling
 from pytest_ftready.data.fast_encoding import WidthCheck
-from pytest_ftready.data.prenormal import Prenormal, prenormal
+from pytest_ftready.data.prenormal import Prenormal, longest, prenormal
 from pytest_ftready.tiny import SPECIAL_TOKENS
 from tests.data.test_tiling import SPM_TEXT, _encoder, _pairs, _rows, sentencepiece_style
 
@@ -105,6 +106,31 @@ def test_a_tokenizer_of_no_added_tokens_and_of_added_tokens_the_model_lacks(each
     assert found is not None
     assert [e.ids for e in found.tokenize([t + "<extra_9>" for t in texts])] == _ids(
         many._tokenizer, [t + "<extra_9>" for t in texts])
+
+
+WORDS = st.lists(st.text(alphabet="<|>[]/_ab01", min_size=1, max_size=6), min_size=1, max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(words=WORDS, text=st.text(alphabet="<|>[]/_ab01 x\n", max_size=60))
+def test_the_trie_of_the_added_tokens_matches_the_longest_leftmost(words, text):
+    """``longest``'s trie splits a text as an alternation of the words, longest first, does: the
+    leftmost place a word starts, the longest word there (words that are prefixes of others,
+    shared starts)."""
+    naive = "|".join(re.escape(w) for w in sorted(set(words), key=len, reverse=True))
+    assert re.compile(f"({longest(words)})").split(text) == re.compile(f"({naive})").split(text)
+
+
+def test_many_added_tokens_sharing_their_starts(each):
+    """Mistral v0.3's way: hundreds of control tokens (``[control_7]``, ``[control_77]``) beside
+    ``[INST]``: the same ids as the backend, and the split as quick as with a few."""
+    tok = copy.deepcopy(each)
+    tok._tokenizer.add_special_tokens([f"[control_{k}]" for k in range(300)] + ["[INST]", "[/INST]", "[INST"])
+    found = prenormal(tok._tokenizer, tiling.widths(tok._tokenizer))
+    assert found is not None
+    texts = ["[INST] hi [control_7] [control_77][control_7 [/INST] x [INST", "[control_299][control_2990]", "[ [x] [",
+             "<s>[INST]a b[/INST]</s>"]
+    assert [e.ids for e in found.tokenize(texts)] == _ids(tok._tokenizer, texts)
 
 
 def _encoded(tok, monkeypatch) -> tuple:
