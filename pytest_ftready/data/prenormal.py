@@ -30,13 +30,20 @@ class Prenormal:
     """``tokenize(texts)``: the backend's ``encode_batch_fast(texts, add_special_tokens=False)``
     ids, from the texts normalized here (``normalize``) and a backend of no normalizer (``bare``)."""
 
-    __slots__ = ("bare", "_split")
+    __slots__ = ("bare", "source", "_contents", "_split")
 
-    def __init__(self, bare: Any, contents: list[str]) -> None:
-        self.bare = bare
+    def __init__(self, bare: Any, contents: list[str], source: Any = None) -> None:
+        self.bare, self.source, self._contents = bare, source, contents
         # the added tokens, leftmost-longest as the backend's added vocabulary matches them: split()
         # gives the stretches between them at the even places, the tokens at the odd ones
         self._split = re.compile(f"({longest(contents)})").split if contents else None
+
+    def __reduce__(self) -> tuple:
+        # pickled (to a worker process) as the backend it was made from, which the encoder's tokenizer
+        # pickles anyway: made again there, its model shared, not a second copy
+        if self.source is None:
+            return Prenormal, (self.bare, self._contents)
+        return _made_again, (self.source, self._contents)
 
     def normalize(self, text: str) -> str:
         """``text`` as the normalizer leaves it: ``▁`` before each stretch between added tokens
@@ -75,6 +82,26 @@ def longest(words: list[str]) -> str:
     return branch(trie)
 
 
+def _made_again(source: Any, contents: list[str]) -> Prenormal:
+    bare = _bare(source)
+    assert bare is not None, "the backend a Prenormal was made from no longer gives its added tokens their ids"
+    return Prenormal(bare, contents, source)
+
+
+def _bare(backend: Any) -> Optional[Any]:
+    """A ``tokenizers.Tokenizer`` of ``backend``'s model (shared, not copied), pre-tokenizer, post-processor
+    and added tokens, with no normalizer; None where its added tokens do not get their ids again."""
+    from tokenizers import Tokenizer
+
+    added = backend.get_added_tokens_decoder()
+    bare = Tokenizer(backend.model)
+    bare.pre_tokenizer, bare.post_processor = backend.pre_tokenizer, backend.post_processor
+    for index in sorted(added):  # in id order: an added token the model lacks gets the next id
+        token = added[index]
+        (bare.add_special_tokens if token.special else bare.add_tokens)([token])
+    return None if any(bare.token_to_id(token.content) != index for index, token in added.items()) else bare
+
+
 def prenormal(backend: Any, table: Optional[Widths]) -> Optional[Prenormal]:
     """The ``Prenormal`` of ``backend`` (a ``tokenizers.Tokenizer`` whose widths are ``table``),
     or None where its normalizer is not exactly the one done here or its added tokens are not
@@ -83,19 +110,11 @@ def prenormal(backend: Any, table: Optional[Widths]) -> Optional[Prenormal]:
             backend, "encode_batch_fast") or backend.encode_special_tokens:
         return None
     try:
-        from tokenizers import Tokenizer
-
         added = backend.get_added_tokens_decoder()
         if any(token.normalized or token.lstrip or token.rstrip or token.single_word or not token.content
                or " " in token.content or METASPACE in token.content for token in added.values()):
             return None
-        bare = Tokenizer(backend.model)  # the same model (shared, not copied)
-        bare.pre_tokenizer, bare.post_processor = backend.pre_tokenizer, backend.post_processor
-        for index in sorted(added):  # in id order: an added token the model lacks gets the next id
-            token = added[index]
-            (bare.add_special_tokens if token.special else bare.add_tokens)([token])
-        if any(bare.token_to_id(token.content) != index for index, token in added.items()):
-            return None
+        bare = _bare(backend)
     except Exception:  # another tokenizers: parts it cannot copy
         return None
-    return Prenormal(bare, [token.content for token in added.values()])
+    return None if bare is None else Prenormal(bare, [token.content for token in added.values()], backend)

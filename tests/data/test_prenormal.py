@@ -178,3 +178,18 @@ def test_the_bare_backend_gives_every_added_token_its_id(each):
     found = prenormal(each._tokenizer, tiling.widths(each._tokenizer))
     assert found is not None and found.bare.normalizer is None
     assert all(found.bare.token_to_id(t) == each.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS)
+
+
+def test_a_pickled_encoder_makes_it_again_from_its_tokenizer(each):
+    """Sent to a worker process, the encoder's Prenormal travels as the tokenizer's own backend (pickled
+    once, with the tokenizer) and is made again there: the same ids, the same rows."""
+    import pickle
+
+    enc = _encoder(each)
+    again = pickle.loads(pickle.dumps(enc))
+    found = again.fast.prenormal
+    assert found is not None and found.source is again.tok._tokenizer and found.bare is not enc.fast.prenormal.bare
+    texts = ["<|im_start|>user\nhi there<|im_end|>\n", " a  b ", ""]
+    assert [e.ids for e in found.tokenize(texts)] == _ids(each._tokenizer, texts)
+    pairs = _pairs(again, _rows())
+    assert again.encode_many(pairs) == [enc.encode(row, sample) for row, sample in pairs]
