@@ -82,10 +82,11 @@ def longest(words: list[str]) -> str:
     return branch(trie)
 
 
-def _made_again(source: Any, contents: list[str]) -> Prenormal:
+def _made_again(source: Any, contents: list[str]) -> Optional[Prenormal]:
+    """A pickled ``Prenormal`` unpickled; None (the backend tokenizes alone) where its backend's
+    added tokens no longer get their ids again."""
     bare = _bare(source)
-    assert bare is not None, "the backend a Prenormal was made from no longer gives its added tokens their ids"
-    return Prenormal(bare, contents, source)
+    return None if bare is None else Prenormal(bare, contents, source)
 
 
 def _bare(backend: Any) -> Optional[Any]:

@@ -30,11 +30,11 @@ Imports nothing of the package; no torch (numpy, for texts that are not ASCII).
 
 from __future__ import annotations
 
+import array
 import bisect
 import itertools
 import json
 import unicodedata
-import array
 from typing import Any, Optional, Sequence
 
 NO_WIDTH = -(1 << 40)  # a token whose width in bytes is not known: a sum with it never matches
