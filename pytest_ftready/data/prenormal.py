@@ -85,16 +85,16 @@ def longest(words: list[str]) -> str:
 def _made_again(source: Any, contents: list[str]) -> Optional[Prenormal]:
     """A pickled ``Prenormal`` unpickled; None (the backend tokenizes alone) where its backend's
     added tokens no longer get their ids again."""
-    bare = _bare(source)
+    bare = _bare(source, source.get_added_tokens_decoder())
     return None if bare is None else Prenormal(bare, contents, source)
 
 
-def _bare(backend: Any) -> Optional[Any]:
+def _bare(backend: Any, added: dict) -> Optional[Any]:
     """A ``tokenizers.Tokenizer`` of ``backend``'s model (shared, not copied), pre-tokenizer, post-processor
-    and added tokens, with no normalizer; None where its added tokens do not get their ids again."""
+    and added tokens (``added``: its ``get_added_tokens_decoder()``), with no normalizer; None where its
+    added tokens do not get their ids again."""
     from tokenizers import Tokenizer
 
-    added = backend.get_added_tokens_decoder()
     bare = Tokenizer(backend.model)
     bare.pre_tokenizer, bare.post_processor = backend.pre_tokenizer, backend.post_processor
     for index in sorted(added):  # in id order: an added token the model lacks gets the next id
@@ -115,7 +115,7 @@ def prenormal(backend: Any, table: Optional[Widths]) -> Optional[Prenormal]:
         if any(token.normalized or token.lstrip or token.rstrip or token.single_word or not token.content
                or " " in token.content or METASPACE in token.content for token in added.values()):
             return None
-        bare = _bare(backend)
+        bare = _bare(backend, added)
     except Exception:  # another tokenizers: parts it cannot copy
         return None
     return None if bare is None else Prenormal(bare, [token.content for token in added.values()], backend)

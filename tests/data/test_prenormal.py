@@ -30,7 +30,7 @@ def _ids(backend, texts):
 
 
 def _with_added(tok, token):
-    """``tok`` with one more added token (a ``tokenizers.AddedToken``)."""
+    """``tok`` with one more added token (a ``tokenizers.AddedToken``, or its text)."""
     tok = copy.deepcopy(tok)
     tok._tokenizer.add_special_tokens([token])
     return tok
@@ -90,8 +90,8 @@ def test_the_ids_are_the_backends_own(each, texts):
 @settings(max_examples=100, deadline=None)
 @given(texts=st.lists(SPM_TEXT, min_size=1, max_size=4))
 def test_a_tokenizer_of_no_added_tokens_and_of_added_tokens_the_model_lacks(each, texts):
-    """No added token at all: a ``▁`` before the whole text; added tokens past the model's vocabulary
-    (new ids), added in another order than their ids: the same ids still, or refused."""
+    """No added token at all: a ``▁`` before the whole text; an added token past the model's vocabulary
+    (a new id): the same ids still."""
     from tokenizers import Tokenizer
 
     spec = Tokenizer.from_str(each._tokenizer.to_str())
@@ -123,7 +123,7 @@ def test_the_trie_of_the_added_tokens_matches_the_longest_leftmost(words, text):
 
 def test_many_added_tokens_sharing_their_starts(each):
     """Mistral v0.3's way: hundreds of control tokens (``[control_7]``, ``[control_77]``) beside
-    ``[INST]``: the same ids as the backend, and the split as quick as with a few."""
+    ``[INST]`` and ``[INST``: the same ids as the backend."""
     tok = copy.deepcopy(each)
     tok._tokenizer.add_special_tokens([f"[control_{k}]" for k in range(300)] + ["[INST]", "[/INST]", "[INST"])
     found = prenormal(tok._tokenizer, tiling.widths(tok._tokenizer))
